@@ -1,0 +1,87 @@
+"""``solve()``: one entry point over every method, each checked by the simulator before it returns."""
+
+from __future__ import annotations
+
+import importlib
+import math
+import numbers
+import time
+from typing import Callable
+
+from .errors import Infeasible
+from .graph import validate
+from .schedule import Schedule
+from .simulate import simulate
+
+# method name -> "module:function". Imported on first use: the MILP and CP-SAT back ends are heavy.
+# Every function has the signature f(graph, budget: int, time_limit: float | None, **options) -> Schedule
+# and raises Infeasible (with min_budget) when its plans cannot meet the budget.
+METHODS: dict[str, str] = {
+    "store-all": "solvers.store_all:solve_store_all",
+    "chen-sqrtn": "solvers.chen:solve_chen_sqrtn",
+    "chen-greedy": "solvers.chen:solve_chen_greedy",
+    "revolve": "solvers.revolve:solve_revolve",
+    "dp": "solvers.dp:solve_dp",
+    "ilp": "solvers.ilp:solve_ilp",
+    "cpsat": "solvers.cpsat:solve_cpsat",
+    "exhaustive": "solvers.exhaustive:solve_exhaustive",
+}
+
+
+def method_function(method: str) -> Callable[..., Schedule]:
+    if method not in METHODS:
+        accepted = ", ".join(["auto", *METHODS])
+        raise ValueError(f"unknown method {method!r}; accepted: {accepted}")
+    module_name, function_name = METHODS[method].split(":")
+    return getattr(importlib.import_module(module_name), function_name)
+
+
+def check_budget(budget_bytes) -> int:
+    """Budgets reaching the solvers are whole bytes >= 0 (the planner parses '12GB' and the like)."""
+    if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, numbers.Real):
+        raise ValueError(f"budget_bytes must be a number of bytes, got {budget_bytes!r}")
+    if not math.isfinite(budget_bytes) or budget_bytes < 0:
+        raise ValueError(f"budget_bytes must be finite and >= 0, got {budget_bytes!r}")
+    return int(budget_bytes)
+
+
+def solve(graph, budget_bytes, method: str = "auto", time_limit: float | None = None, **options) -> Schedule:
+    """Compute a schedule of ``graph`` whose peak (bytes, ``fixed_bytes`` excluded) fits ``budget_bytes``.
+
+    ``method`` is one of :data:`METHODS` or ``"auto"`` (see :func:`solvers.auto.choose_method`).
+    ``time_limit`` (seconds) bounds the solvers that search; they return the best schedule found
+    and report in ``schedule.info`` whether it is proven optimal and the gap. Raises
+    :class:`Infeasible` (with ``min_budget``) when the method cannot meet the budget.
+    """
+    validate(graph)
+    budget = check_budget(budget_bytes)
+    if time_limit is not None and not (isinstance(time_limit, numbers.Real) and time_limit > 0):
+        raise ValueError(f"time_limit must be a positive number of seconds, got {time_limit!r}")
+    reason = ""
+    if method == "auto":
+        from .auto import choose_method
+
+        method, reason = choose_method(graph, budget, time_limit)
+    function = method_function(method)
+    started = time.perf_counter()
+    try:
+        schedule = function(graph, budget, time_limit=time_limit, **options)
+    except Infeasible as error:
+        error.method = error.method or method
+        raise
+    elapsed = time.perf_counter() - started
+    outcome = simulate(graph, schedule)
+    if not outcome.valid or outcome.peak_bytes > budget:
+        # A solver bug, never a user error: say exactly what went wrong.
+        raise AssertionError(
+            f"method {method!r} returned a schedule that {'is invalid: ' + str(outcome.error) if not outcome.valid else f'peaks at {outcome.peak_bytes} bytes over the budget {budget}'}"
+        )
+    message = "; ".join(m for m in (reason, schedule.info.message) if m)
+    return schedule.with_info(
+        method=method,
+        solve_seconds=elapsed,
+        budget_bytes=budget,
+        predicted_peak_bytes=outcome.peak_bytes,
+        compute_cost=outcome.compute_cost,
+        message=message,
+    )

@@ -1,0 +1,113 @@
+"""Cost graphs for tests: random DAGs, chains, skip-connection graphs and training graphs.
+
+Every generator is deterministic in its ``seed`` and returns a valid cost graph (SPEC.md): ``cost``
+float seconds, ``mem`` int bytes, ``output`` on the nodes that must be held at the end.
+"""
+
+from __future__ import annotations
+
+import random
+
+import networkx as nx
+
+
+def _attributes(graph: nx.DiGraph, rng: random.Random, max_cost: int = 5, max_mem: int = 5) -> nx.DiGraph:
+    for node in graph.nodes:
+        graph.nodes[node]["cost"] = float(rng.randint(1, max_cost))
+        graph.nodes[node]["mem"] = rng.randint(1, max_mem)
+    return graph
+
+
+def mark_sinks_as_outputs(graph: nx.DiGraph) -> nx.DiGraph:
+    for node in graph.nodes:
+        graph.nodes[node]["output"] = graph.out_degree(node) == 0
+    return graph
+
+
+def random_dag(n: int, edge_probability: float = 0.3, seed: int = 0, outputs: str = "sinks") -> nx.DiGraph:
+    """Nodes 0..n-1, each edge i -> j (i < j) with the given probability; node i > 0 gets >= 1 input.
+
+    ``outputs``: "sinks" marks every sink as an output, "last" only node n-1, "none" none.
+    """
+    rng = random.Random(seed)
+    graph = nx.DiGraph()
+    graph.add_nodes_from(range(n))
+    for j in range(1, n):
+        for i in range(j):
+            if rng.random() < edge_probability:
+                graph.add_edge(i, j)
+        if graph.in_degree(j) == 0:
+            graph.add_edge(rng.randrange(j), j)
+    _attributes(graph, rng)
+    if outputs == "sinks":
+        mark_sinks_as_outputs(graph)
+    elif outputs == "last":
+        graph.nodes[n - 1]["output"] = True
+    return graph
+
+
+def chain(n: int, seed: int | None = 0, unit: bool = False) -> nx.DiGraph:
+    """A path 0 -> 1 -> ... -> n-1 whose last node is the output."""
+    rng = random.Random(seed)
+    graph = nx.path_graph(n, create_using=nx.DiGraph)
+    for node in graph.nodes:
+        graph.nodes[node]["cost"] = 1.0 if unit else float(rng.randint(1, 5))
+        graph.nodes[node]["mem"] = 1 if unit else rng.randint(1, 5)
+    graph.nodes[n - 1]["output"] = True
+    return graph
+
+
+def training_graph(layers: int, seed: int | None = 0, unit: bool = False, skips: int = 0) -> nx.DiGraph:
+    """Checkmate's "linear training graph": forward 0..L (L is the loss), gradients L..2L, and the
+    edges i -> 2L-i (the backward of layer i reads its forward activation).
+
+    ``skips`` adds that many random forward skip connections (i -> j, j > i + 1, j <= L) and their
+    backward mirrors (2L-j -> 2L-i), as residual networks have. Node 2L (the last gradient) is the
+    output; the graph attribute ``loss_node`` names node L.
+    """
+    rng = random.Random(seed)
+    last = 2 * layers
+    graph = nx.DiGraph(loss_node=layers)
+    graph.add_nodes_from(range(last + 1))
+    for i in range(last):
+        graph.add_edge(i, i + 1)
+    for i in range(layers):
+        graph.add_edge(i, last - i)
+    for _ in range(skips):
+        if layers < 3:
+            break
+        i = rng.randrange(0, layers - 1)
+        j = rng.randrange(i + 2, layers + 1)
+        graph.add_edge(i, j)
+        graph.add_edge(last - j, last - i)
+    for node in graph.nodes:
+        graph.nodes[node]["cost"] = 1.0 if unit else float(rng.randint(1, 5))
+        graph.nodes[node]["mem"] = 1 if unit else rng.randint(1, 5)
+    graph.nodes[last]["output"] = True
+    return graph
+
+
+def parameter_gradient_graph(layers: int, seed: int = 0) -> nx.DiGraph:
+    """A training graph whose backward also emits one parameter gradient per layer (an output),
+    like a real model: forward f_i, loss, input-gradient chain b_i and weight gradients w_i."""
+    rng = random.Random(seed)
+    graph = nx.DiGraph(loss_node="loss")
+    previous = None
+    for i in range(layers):
+        graph.add_node(f"f{i}")
+        if previous:
+            graph.add_edge(previous, f"f{i}")
+        previous = f"f{i}"
+    graph.add_node("loss", pinned=True)
+    graph.add_edge(previous, "loss")
+    gradient = "loss"
+    for i in reversed(range(layers)):
+        graph.add_node(f"w{i}", output=True)
+        graph.add_edge(gradient, f"w{i}")
+        if i > 0:
+            graph.add_edge(f"f{i - 1}", f"w{i}")
+            graph.add_node(f"b{i}")
+            graph.add_edge(gradient, f"b{i}")
+            graph.add_edge(f"f{i}", f"b{i}")
+            gradient = f"b{i}"
+    return _attributes(graph, rng)
