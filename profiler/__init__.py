@@ -1,0 +1,13 @@
+"""Profile a model's training step into a cost graph with measured costs.
+
+>>> import profiler
+>>> prof = profiler.profile(model, example_inputs, loss_fn=None, granularity="module")  # doctest: +SKIP
+>>> prof.graph          # networkx.DiGraph: cost (seconds), mem (bytes), ... (SPEC.md)   # doctest: +SKIP
+"""
+
+from .api import Profile, profile
+from .capture import CaptureError
+from .inputs import InputMismatch
+from .memory import StepMeasurement, measure_step
+
+__all__ = ["CaptureError", "InputMismatch", "Profile", "StepMeasurement", "measure_step", "profile"]

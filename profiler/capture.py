@@ -1,0 +1,323 @@
+"""Capture a training step as one functional aten graph: forward, then backward.
+
+``make_fx`` traces ``forward + autograd.grad(outputs, params, grad_outputs=tangents)`` with fake
+tensors, which works on models that ``torch.fx.symbolic_trace`` cannot follow (Hugging Face GPT-2
+among them). A second trace through ``torch.func.functionalize`` turns every in-place op into its
+out-of-place form, so that any op can be recomputed from its inputs; mutations of buffers
+(BatchNorm statistics) remain only as ``copy_`` into the buffer at the end.
+
+Every op is tagged with the module that issued it and its phase: forward ops by module hooks,
+backward ops by pre-hooks on the autograd nodes, which know the module whose forward created them.
+The grouping step uses these tags (profiler/grouping.py).
+
+The gradients of the model's outputs (``tangents``) are inputs of the graph: the caller's loss
+produces them. Which outputs get one is decided by running the planning loss once for real.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+import torch.fx as fx
+import torch.fx.traceback as fx_traceback
+import torch.utils._pytree as pytree
+from torch._decomp import get_decompositions
+from torch.fx.experimental.proxy_tensor import make_fx
+from torch.func import functional_call
+
+from .inputs import InputLayout, TensorSpec, input_layout
+from .state import cuda_devices, preserved_state
+
+
+class CaptureError(RuntimeError):
+    """The model's training step could not be captured as a graph."""
+
+
+# Roles of the graph's placeholders, in order.
+PARAM, FROZEN, BUFFER, INPUT, TANGENT = "param", "frozen", "buffer", "input", "tangent"
+
+
+@dataclass(frozen=True)
+class Placeholder:
+    role: str
+    key: Any  # parameter/buffer name, input index or output index
+    name: str  # the fx placeholder's name
+
+
+@dataclass(frozen=True)
+class LossInfo:
+    """The planning loss, run eagerly once: its cost and which model outputs it differentiates."""
+
+    seconds: float
+    tangent_outputs: tuple[int, ...]  # indices into the model's tensor outputs
+    tangent_specs: tuple[TensorSpec, ...]
+
+
+@dataclass
+class JointGraph:
+    """The functional joint graph and what each of its inputs and outputs is.
+
+    ``graph_module`` takes the placeholders in ``placeholders`` order and returns, flat: the model's
+    tensor outputs, then parameter gradients (``grad_params``), then input gradients
+    (``grad_inputs``). ``mutations`` pairs a mutated buffer/input placeholder with the node holding
+    its new value.
+    """
+
+    graph_module: fx.GraphModule
+    placeholders: list[Placeholder]
+    model_outputs: list[str]  # fx node names of the model's tensor outputs
+    grad_params: list[tuple[str, str]]  # (parameter name, fx node name of its gradient)
+    grad_inputs: list[tuple[int, str]]  # (input index, fx node name)
+    mutations: list[tuple[str, str]]  # (placeholder name, fx node name of the new value)
+    layout: InputLayout
+    output_spec: pytree.TreeSpec
+    output_constants: dict[int, Any]  # non-tensor output leaves, by leaf position
+    tensor_output_positions: list[int]
+    output_requires_grad: list[bool]
+    loss: LossInfo
+    capture_seconds: float = 0.0
+    module_names: dict = field(default_factory=dict)
+
+
+def default_loss(output) -> torch.Tensor:
+    """SPEC: without a loss function, the loss is the sum of the output's floating-point tensors."""
+    leaves = [t for t in pytree.tree_leaves(output) if isinstance(t, torch.Tensor) and t.is_floating_point()]
+    if not leaves:
+        raise CaptureError("the model's output has no floating-point tensor to take a loss of; pass loss_fn")
+    return sum(t.sum() for t in leaves)
+
+
+def _run_planning_loss(model, args, kwargs, loss_fn, repeats: int = 3) -> tuple[LossInfo, list[torch.Tensor]]:
+    """One eager forward, then the loss and its gradient wrt the outputs (median time of ``repeats``).
+
+    The outputs are detached first: the loss's gradient is wanted wrt each output as the caller sees
+    it, not through the model (a Hugging Face model's ``loss`` output depends on its ``logits``).
+    """
+    output = model(*args, **kwargs)
+    leaves, spec = pytree.tree_flatten(output)
+    tensor_positions = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]
+    if not any(leaves[i].requires_grad for i in tensor_positions):
+        raise CaptureError("no output of the model requires grad: there is nothing to differentiate")
+    detached = list(leaves)
+    for i in tensor_positions:
+        detached[i] = leaves[i].detach().requires_grad_(leaves[i].requires_grad)
+    del output, leaves
+    tensors = [detached[i] for i in tensor_positions]
+    differentiable = [i for i, t in enumerate(tensors) if t.requires_grad]
+    sync = torch.cuda.synchronize if any(t.is_cuda for t in tensors) else (lambda: None)
+    times, grads = [], None
+    for _ in range(repeats):
+        sync()
+        start = time.perf_counter()
+        loss = loss_fn(pytree.tree_unflatten(detached, spec))
+        if not isinstance(loss, torch.Tensor) or loss.numel() != 1 or not loss.is_floating_point():
+            raise CaptureError(f"loss_fn must return a scalar floating-point tensor, got {_describe(loss)}")
+        if not loss.requires_grad:
+            raise CaptureError("the loss does not depend on any output of the model that requires grad")
+        grads = torch.autograd.grad(loss, [tensors[i] for i in differentiable], allow_unused=True)
+        sync()
+        times.append(time.perf_counter() - start)
+    used = [(i, g) for i, g in zip(differentiable, grads) if g is not None]
+    if not used:
+        raise CaptureError("the loss does not depend on any output of the model")
+    info = LossInfo(
+        seconds=sorted(times)[len(times) // 2],
+        tangent_outputs=tuple(i for i, _ in used),
+        tangent_specs=tuple(TensorSpec.of(g) for _, g in used),
+    )
+    return info, [g.detach() for _, g in used]
+
+
+def _describe(value) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"a tensor of shape {list(value.shape)} and dtype {value.dtype}"
+    return type(value).__name__
+
+
+# native_batch_norm updates the running statistics in place without saying so in its schema, so
+# functionalization would miss it; its decomposition uses _native_batch_norm_legit, whose schema
+# declares the mutation, which then becomes an explicit copy_ into the buffer.
+_DECOMPOSITIONS = get_decompositions([torch.ops.aten.native_batch_norm.default])
+
+
+def _replay(graph_module: fx.GraphModule) -> Callable:
+    """Run a traced graph op by op (keeping each op's tags), without recording autograd: the joint
+    graph is already differentiated."""
+
+    def run(*args):
+        with torch.no_grad():
+            return fx.Interpreter(graph_module).run(*args)
+
+    return run
+
+
+class _ModuleTagger:
+    """Tags each traced op with the module that issued it (forward) or whose backward it is."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.names = {module: name for name, module in model.named_modules(remove_duplicate=False)}
+        self.stack: list[str] = []
+        self.starts: list[int] = []
+        self.owner: dict[int, str] = {}  # autograd sequence number -> module name
+        self.handles = []
+
+    def _set(self, module: str, phase: str) -> None:
+        fx_traceback.current_meta["custom"] = {"module": module, "phase": phase}
+
+    def _pre(self, module, args):
+        self.stack.append(self.names.get(module, type(module).__name__))
+        self.starts.append(torch.autograd._get_sequence_nr())
+        self._set(self.stack[-1], "forward")
+
+    def _post(self, module, args, output):
+        first, last = self.starts.pop(), torch.autograd._get_sequence_nr()
+        name = self.stack.pop()
+        for seq in range(first, last):
+            self.owner.setdefault(seq, name)  # inner modules finish first and claim first
+        self._set(self.stack[-1] if self.stack else "", "forward")
+
+    def __enter__(self):
+        self.handles = [
+            torch.nn.modules.module.register_module_forward_pre_hook(self._pre),
+            torch.nn.modules.module.register_module_forward_hook(self._post),
+        ]
+        self._set("", "forward")
+        return self
+
+    def __exit__(self, *exc):
+        for handle in self.handles:
+            handle.remove()
+
+    def tag_backward(self, roots) -> None:
+        """Pre-hooks on every autograd node reachable from ``roots`` set the tag of its backward ops."""
+        seen, stack = set(), [r for r in roots if r is not None]
+        while stack:
+            node = stack.pop()
+            if node in seen:
+                continue
+            seen.add(node)
+            module = self.owner.get(node._sequence_nr(), "")
+
+            def hook(grad_outputs, module=module):
+                self._set(module, "backward")
+
+            node.register_prehook(hook)
+            stack.extend(fn for fn, _ in node.next_functions if fn is not None)
+        self._set("", "backward")
+
+
+def capture(
+    model: torch.nn.Module, args: tuple, kwargs: dict, loss_fn: Callable | None = None, loss: LossInfo | None = None
+) -> tuple[JointGraph, list[torch.Tensor]]:
+    """Trace the joint forward+backward graph of ``model`` on ``(args, kwargs)``.
+
+    Runs ``loss_fn`` once eagerly to learn which outputs it differentiates; with ``loss`` (from a
+    saved plan) that is known and nothing runs eagerly. Returns the graph and example tangents (the
+    loss's real gradients, or zeros). The model, its buffers and the global RNG are left as they were.
+    """
+    started = time.perf_counter()
+    layout = input_layout(args, kwargs)
+    leaves = pytree.tree_leaves((tuple(args), dict(kwargs)))
+    input_tensors = [leaves[i] for i in layout.tensor_positions]
+    params = dict(model.named_parameters())
+    trainable = {n: p for n, p in params.items() if p.requires_grad}
+    frozen = {n: p for n, p in params.items() if not p.requires_grad}
+    buffers = dict(model.named_buffers())
+    devices = cuda_devices([*params.values(), *input_tensors])
+
+    if loss is None:
+        with preserved_state(model, devices):
+            loss, tangents = _run_planning_loss(model, args, kwargs, loss_fn or default_loss)
+    else:
+        tangents = [torch.zeros(s.shape, dtype=s.dtype, device=s.device) for s in loss.tangent_specs]
+    input_grad_indices = [i for i, t in enumerate(input_tensors) if t.requires_grad and t.is_floating_point()]
+    names = (list(trainable), list(frozen), list(buffers))
+    counts = [len(trainable), len(frozen), len(buffers), len(input_tensors), len(tangents)]
+    seen: dict[str, Any] = {}  # what the trace learns about the outputs and gradients
+
+    def joint(*flat):
+        chunks, offset = [], 0
+        for count in counts:
+            chunks.append(list(flat[offset : offset + count]))
+            offset += count
+        p_vals, f_vals, b_vals, in_vals, tangent_vals = chunks
+        state = {**dict(zip(names[0], p_vals)), **dict(zip(names[1], f_vals)), **dict(zip(names[2], b_vals))}
+        call_args, call_kwargs = layout.unflatten(in_vals)
+        output = functional_call(model, state, call_args, call_kwargs)
+        out_leaves, seen["spec"] = pytree.tree_flatten(output)
+        seen["positions"] = [i for i, leaf in enumerate(out_leaves) if isinstance(leaf, torch.Tensor)]
+        seen["constants"] = {i: leaf for i, leaf in enumerate(out_leaves) if not isinstance(leaf, torch.Tensor)}
+        out_tensors = [out_leaves[i] for i in seen["positions"]]
+        seen["requires_grad"] = [t.requires_grad for t in out_tensors]
+        differentiated = [out_tensors[i] for i in loss.tangent_outputs]
+        tagger.tag_backward([t.grad_fn for t in differentiated])
+        targets = list(p_vals) + [in_vals[i] for i in input_grad_indices]
+        grads = torch.autograd.grad(differentiated, targets, grad_outputs=tangent_vals, allow_unused=True)
+        seen["present"] = [g is not None for g in grads]
+        return (*out_tensors, *[g for g in grads if g is not None])
+
+    flat_inputs = [*trainable.values(), *frozen.values(), *buffers.values(), *input_tensors, *tangents]
+    try:
+        with fx_traceback.preserve_node_meta(), _ModuleTagger(model) as tagger:
+            traced = make_fx(joint, tracing_mode="fake", decomposition_table=_DECOMPOSITIONS)(*flat_inputs)
+            functional = make_fx(torch.func.functionalize(_replay(traced), remove="mutations"), tracing_mode="fake")(
+                *flat_inputs
+            )
+    except CaptureError:
+        raise
+    except Exception as error:  # the tracer's own messages are long; keep the first line
+        first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise CaptureError(
+            f"could not trace the model's training step ({type(error).__name__}: {first_line}). "
+            "The model's forward must be traceable by torch.fx.experimental.proxy_tensor.make_fx "
+            "(no data-dependent Python control flow on tensor values)."
+        ) from error
+    tensor_positions = seen["positions"]
+    grad_targets_present = seen["present"]
+
+    roles = (
+        [(PARAM, n) for n in names[0]]
+        + [(FROZEN, n) for n in names[1]]
+        + [(BUFFER, n) for n in names[2]]
+        + [(INPUT, i) for i in range(len(input_tensors))]
+        + [(TANGENT, i) for i in loss.tangent_outputs]
+    )
+    placeholder_nodes = [n for n in functional.graph.nodes if n.op == "placeholder"]
+    placeholders = [Placeholder(role, key, node.name) for (role, key), node in zip(roles, placeholder_nodes)]
+    output_node = next(n for n in functional.graph.nodes if n.op == "output")
+    returned = [a.name if isinstance(a, fx.Node) else None for a in pytree.tree_leaves(output_node.args[0])]
+    n_out = len(tensor_positions)
+    model_outputs = returned[:n_out]
+    grad_values = iter(returned[n_out:])
+    grad_target_names = [("param", n) for n in names[0]] + [("input", i) for i in input_grad_indices]
+    grad_params, grad_inputs = [], []
+    for (kind, key), present in zip(grad_target_names, grad_targets_present):
+        if present:
+            value = next(grad_values)
+            (grad_params if kind == "param" else grad_inputs).append((key, value))
+    mutations = []
+    for node in functional.graph.nodes:
+        if node.op == "call_function" and node.target is torch.ops.aten.copy_.default and node.args[0].op == "placeholder":
+            mutations.append((node.args[0].name, node.args[1].name))
+            # Readers of the mutated buffer read the buffer itself: the runtime applies the mutation
+            # once, at the end of the forward pass, never by re-running this node.
+            node.replace_all_uses_with(node.args[0], propagate_meta=False)
+    joint = JointGraph(
+        graph_module=functional,
+        placeholders=placeholders,
+        model_outputs=model_outputs,
+        grad_params=grad_params,
+        grad_inputs=grad_inputs,
+        mutations=mutations,
+        layout=layout,
+        output_spec=seen["spec"],
+        output_constants=seen["constants"],
+        tensor_output_positions=tensor_positions,
+        output_requires_grad=seen["requires_grad"],
+        loss=loss,
+        capture_seconds=time.perf_counter() - started,
+    )
+    return joint, tangents

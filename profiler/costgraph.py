@@ -1,0 +1,162 @@
+"""Build the cost graph (SPEC.md, "The cost graph"; docs/costgraph.md) from the grouped joint graph.
+
+Nodes are groups of ops, extraction nodes and the loss; ``cost`` is the sum of the measured times
+of the ops a group runs (seconds), ``mem`` the bytes of the storages it hands to others, deduplicated
+(views do not count twice), and ``workspace`` the bytes its intermediates add while it runs.
+
+The loss node stands for the caller's loss and its backward: it reads the model's outputs and
+produces their gradients (``tangents``). It is pinned, because autograd holds the gradients it passes
+into the backward until the backward returns; the model's outputs are pinned because the caller
+holds them. Buffer mutations are applied by the runtime at the end of the forward pass: the nodes
+that hold the new values feed the loss, so that they are computed in the forward.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import networkx as nx
+import torch
+import torch.fx as fx
+
+from .capture import JointGraph
+from .grouping import GRADIENT, MODEL_OUTPUT, MUTATION, Grouping, _tensors
+from .measure import OpTimes, storage_bytes
+
+LOSS = "loss"
+
+
+def _value_storages(graph: fx.Graph) -> dict[str, dict]:
+    """fx name -> {storage: bytes} of the tensors of that value."""
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    result = {}
+    for node in graph.nodes:
+        tensors = _tensors(node.meta.get("val"))
+        result[node.name] = {StorageWeakRef(t.untyped_storage()): storage_bytes(t) for t in tensors}
+    return result
+
+
+def _bytes_of(values, storages: dict[str, dict]) -> int:
+    merged: dict = {}
+    for value in values:
+        merged.update(storages.get(value, {}))
+    return sum(merged.values())
+
+
+def _workspace(nodes: list[str], exports: list[str], graph_nodes: dict, storages, base_of) -> int:
+    """Peak bytes of a group's own allocations while it runs, beyond what it keeps (its exports)."""
+    members = set(nodes)
+    last_read: dict[str, int] = {}
+    for position, name in enumerate(nodes):
+        for arg in graph_nodes[name].all_input_nodes:
+            if arg.name in members:
+                last_read[base_of.get(arg.name, arg.name)] = position
+    kept = {base_of.get(v, v) for v in exports}
+    live: dict = {}
+    peak = 0
+    for position, name in enumerate(nodes):
+        if base_of.get(name) == name:  # allocates (unit values)
+            live.update({s: b for s, b in storages.get(name, {}).items()})
+            peak = max(peak, sum(live.values()))
+        for value, last in list(last_read.items()):
+            if last == position and value not in kept:
+                for s in storages.get(value, {}):
+                    live.pop(s, None)
+                del last_read[value]
+    return max(0, peak - _bytes_of(kept, storages))
+
+
+def build_cost_graph(joint: JointGraph, grouping: Grouping, times: OpTimes) -> nx.DiGraph:
+    graph = joint.graph_module.graph
+    graph_nodes = {n.name: n for n in graph.nodes}
+    storages = _value_storages(graph)
+    base_of = grouping.base_of
+    fixed_bytes = _bytes_of(grouping.fixed, storages)
+    tangent_bytes = sum(
+        spec_bytes(spec, joint) for spec in joint.loss.tangent_specs
+    )
+    cost = nx.DiGraph(fixed_bytes=fixed_bytes, loss_node=LOSS)
+    loss_added = False
+    extractions_of: dict[str, list] = {}
+    for extraction in grouping.extractions:
+        extractions_of.setdefault(extraction.source, []).append(extraction)
+
+    def add_loss():
+        cost.add_node(
+            LOSS, cost=float(joint.loss.seconds), mem=int(tangent_bytes), workspace=0, pinned=True,
+            output=True, kind="loss", module="", ops=0, random=False,
+        )
+
+    for group in grouping.groups:
+        if group.phase == "backward" and not loss_added:
+            add_loss()
+            loss_added = True
+        mem = _bytes_of(group.exports, storages)
+        cost.add_node(
+            group.id,
+            cost=float(sum(times.seconds.get(n, 0.0) for n in group.nodes)),
+            mem=int(mem),
+            workspace=int(_workspace(group.nodes, group.exports, graph_nodes, storages, base_of)),
+            output=group.value_class == GRADIENT,
+            pinned=group.value_class == MODEL_OUTPUT,
+            kind=group.phase,
+            module=group.module,
+            ops=len(group.units),
+            random=group.random,
+            value_class=group.value_class,
+        )
+        for extraction in extractions_of.get(group.id, ()):
+            cost.add_node(
+                extraction.id, cost=0.0, mem=int(_bytes_of(extraction.values, storages)), workspace=0,
+                output=extraction.value_class == GRADIENT, pinned=extraction.value_class == MODEL_OUTPUT,
+                kind=group.phase, module=group.module, ops=0, random=False, value_class=extraction.value_class,
+            )
+            cost.add_edge(group.id, extraction.id)
+    if not loss_added:
+        add_loss()
+
+    # Data edges: a group reads the bases it needs from their owners; tangents come from the loss.
+    for group in grouping.groups:
+        for base in group.inputs:
+            if base in grouping.fixed:
+                continue
+            source = LOSS if base in grouping.tangents else grouping.value_owner[base]
+            cost.add_edge(source, group.id)
+    # The loss reads the model's outputs; the new values of buffers are computed before it.
+    for node, data in list(cost.nodes(data=True)):
+        if data.get("value_class") == MODEL_OUTPUT:
+            cost.add_edge(node, LOSS)
+    for node, data in list(cost.nodes(data=True)):
+        if data.get("value_class") == MUTATION:
+            if nx.has_path(cost, LOSS, node):
+                data["output"] = True  # a mutation made in the backward: applied when it ends
+            else:
+                cost.add_edge(node, LOSS)
+    cost.graph["fingerprint"] = fingerprint(cost)
+    return cost
+
+
+def spec_bytes(spec, joint: JointGraph) -> int:
+    numel = 1
+    for size in spec.shape:
+        numel *= size
+    nbytes = numel * torch.empty((), dtype=spec.dtype).element_size()
+    if spec.device.startswith("cuda"):
+        nbytes = -(-nbytes // 512) * 512
+    return nbytes
+
+
+def fingerprint(graph: nx.DiGraph) -> str:
+    """A hash of the graph's structure and sizes, not of its measured times: two profiles of the
+    same model, inputs and granularity have the same fingerprint."""
+    entries = []
+    for node, data in graph.nodes(data=True):
+        entries.append([
+            str(node), sorted(str(p) for p in graph.predecessors(node)), int(data["mem"]),
+            int(data.get("workspace", 0)), bool(data.get("output", False)), bool(data.get("pinned", False)),
+        ])
+    entries.sort()
+    text = json.dumps({"nodes": entries, "fixed_bytes": graph.graph.get("fixed_bytes", 0)}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]

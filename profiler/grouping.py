@@ -1,0 +1,276 @@
+"""Group the joint graph's ops into the nodes of the cost graph.
+
+The aten graph has thousands of ops; exact solvers want hundreds of nodes. Ops are grouped into
+*units* and units into *groups*:
+
+- A **unit** is one op that allocates memory, with the ``getitem``s that unpack its outputs. Ops
+  that only alias an existing storage (``view``, ``t``, ``expand``, ``detach``...) are not units:
+  they cost nothing, so every group that reads an alias recomputes it from its base. That way no
+  group ever holds a view of another group's storage, and freeing a group really frees its bytes.
+- A **group** is a contiguous run, in trace order, of units with the same key: the phase (forward
+  or backward) and the module that issued them, cut at ``depth`` module levels (``None``: every
+  unit its own group). Contiguous runs of a topological order always give an acyclic graph.
+- Units that produce what must outlive the schedule's choices (the model's outputs, gradients,
+  the new values of mutated buffers) are cut into groups of their own, so that holding them does
+  not hold their neighbours' activations too. When one op mixes such values with ordinary ones
+  (``native_layer_norm_backward`` returns the input gradient with the weight's), the special values
+  leave through an *extraction* node that reads the group and holds only them.
+
+Storage identity comes from the fake tensors of the trace: two values alias iff they share a storage.
+"""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass, field
+import torch
+import torch.fx as fx
+from torch.multiprocessing.reductions import StorageWeakRef
+
+from .capture import JointGraph, TANGENT
+
+# Classes of exported values; a group or extraction node holds values of one class.
+NORMAL, MODEL_OUTPUT, GRADIENT, MUTATION = "normal", "model_output", "gradient", "mutation"
+
+
+@dataclass
+class Group:
+    """One node of the cost graph made of ops. ``units`` are fx node names of allocating ops in
+    trace order; ``nodes`` all fx nodes to run (units, their getitems and the aliases they read)."""
+
+    id: str
+    phase: str
+    module: str
+    units: list[str]
+    nodes: list[str] = field(default_factory=list)
+    inputs: list[str] = field(default_factory=list)  # fx names of base values read from outside
+    exports: list[str] = field(default_factory=list)  # fx names of values others read (bases or aliases)
+    value_class: str = NORMAL
+    random: bool = False
+
+
+@dataclass
+class Extraction:
+    """A node that holds some special values of ``source``: its model outputs, gradients or mutations."""
+
+    id: str
+    source: str
+    values: list[str]
+    value_class: str
+
+
+@dataclass
+class Grouping:
+    groups: list[Group]
+    extractions: list[Extraction]
+    value_owner: dict[str, str]  # fx name of a base value -> id of the group that computes it
+    base_of: dict[str, str]  # fx name of any tensor value -> fx name of its base (itself if a base)
+    fixed: set[str]  # placeholder names other than tangents
+    tangents: set[str]
+    depth: int | None
+
+
+def _tensors(value) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [t for t in value if isinstance(t, torch.Tensor)]
+    return []
+
+
+def _storage(tensor: torch.Tensor) -> StorageWeakRef:
+    return StorageWeakRef(tensor.untyped_storage())
+
+
+def is_random(node: fx.Node) -> bool:
+    target = node.target
+    return isinstance(target, torch._ops.OpOverload) and torch.Tag.nondeterministic_seeded in target.tags
+
+
+def _module_key(node: fx.Node, depth: int | None) -> tuple[str, str]:
+    tags = node.meta.get("custom") or {}
+    module = tags.get("module", "")
+    phase = tags.get("phase", "forward")
+    if depth is not None and module:
+        module = ".".join(module.split(".")[:depth])
+    return phase, module
+
+
+@dataclass
+class _Analysis:
+    """Alias structure of the graph."""
+
+    base_of: dict[str, str]
+    unit_of: dict[str, str]  # fx name of a unit's op or getitem -> the unit's op name
+    units: list[str]
+    storages: dict[str, list]  # fx name -> storages of its tensors
+
+
+def analyse(graph: fx.Graph) -> _Analysis:
+    """Find units (allocating ops) and, for every value, its base (the unit value or placeholder
+    that owns its storage)."""
+    storage_owner: dict = {}  # storage -> fx name of the value that first held it
+    base_of: dict[str, str] = {}
+    unit_of: dict[str, str] = {}
+    units: list[str] = []
+    storages: dict[str, list] = {}
+    for node in graph.nodes:
+        if node.op in ("placeholder", "get_attr"):  # inputs and constants: always resident
+            tensors = _tensors(node.meta.get("val"))
+            storages[node.name] = [_storage(t) for t in tensors]
+            for s in storages[node.name]:
+                storage_owner.setdefault(s, node.name)
+            base_of[node.name] = node.name
+        elif node.op == "call_function":
+            tensors = _tensors(node.meta.get("val"))
+            storages[node.name] = [_storage(t) for t in tensors]
+            if node.target is operator.getitem:
+                parent = node.args[0]
+                if parent.name in unit_of:  # unpacking an allocating op: part of its unit
+                    unit_of[node.name] = unit_of[parent.name]
+                    base_of[node.name] = node.name
+                    for s in storages[node.name]:
+                        if storage_owner.get(s) == parent.name:
+                            storage_owner[s] = node.name  # the getitem, not the tuple, is the base
+                else:  # unpacking an aliasing op (split): an alias of the same base
+                    base_of[node.name] = base_of[parent.name]
+                continue
+            new = [s for s in storages[node.name] if s not in storage_owner]
+            if tensors and not new:
+                # Every output aliases something that exists: a view-like op. Its base is that of the
+                # input it views (not merely the first value with that storage: the same tensor may
+                # be passed in twice, as input_ids and labels).
+                first = storages[node.name][0]
+                viewed = next((a for a in node.all_input_nodes if first in storages.get(a.name, ())), None)
+                owner = viewed.name if viewed is not None else storage_owner[first]
+                base_of[node.name] = base_of.get(owner, owner)
+                continue
+            units.append(node.name)
+            unit_of[node.name] = node.name
+            base_of[node.name] = node.name
+            for s in new:
+                storage_owner[s] = node.name
+    return _Analysis(base_of, unit_of, units, storages)
+
+
+def _special_values(joint: JointGraph, base_of: dict[str, str]) -> dict[str, str]:
+    """Base value name -> the special class it has to live in."""
+    special: dict[str, str] = {}
+    for name in joint.model_outputs:
+        if name is not None:
+            special[base_of[name]] = MODEL_OUTPUT
+    for _, name in joint.grad_params + joint.grad_inputs:
+        special.setdefault(base_of[name], GRADIENT)
+    for _, name in joint.mutations:
+        special.setdefault(base_of[name], MUTATION)
+    return special
+
+
+def group_graph(joint: JointGraph, depth: int | None) -> Grouping:
+    """Group the joint graph's units (module levels cut at ``depth``; None: one group per unit)."""
+    graph = joint.graph_module.graph
+    nodes = {node.name: node for node in graph.nodes}
+    analysis = analyse(graph)
+    base_of, unit_of = analysis.base_of, analysis.unit_of
+    tangents = {p.name for p in joint.placeholders if p.role == TANGENT}
+    fixed = {p.name for p in joint.placeholders if p.role != TANGENT}
+    mutation_nodes = {
+        n.name for n in graph.nodes
+        if n.op == "call_function" and n.target is torch.ops.aten.copy_.default and n.args[0].op == "placeholder"
+    }
+    special = _special_values(joint, base_of)
+    priority = (MODEL_OUTPUT, GRADIENT, MUTATION)
+
+    def pure_special_class(unit: str) -> str | None:
+        """The class of a unit all of whose values are special (None otherwise)."""
+        values = _unit_values(unit, nodes, unit_of)
+        if not all(v in special for v in values):
+            return None
+        classes = {special[v] for v in values}
+        return next(c for c in priority if c in classes)
+
+    # 1. Runs of units with the same key; units that make only special values form runs of their own.
+    runs: list[tuple[tuple, list[str]]] = []
+    for index, unit in enumerate(analysis.units):
+        if unit in mutation_nodes:
+            continue
+        phase, module = _module_key(nodes[unit], depth)
+        key = (phase, module, pure_special_class(unit) or NORMAL, index if depth is None else None)
+        if runs and runs[-1][0] == key:
+            runs[-1][1].append(unit)
+        else:
+            runs.append((key, [unit]))
+
+    # 2. Name the groups phase:module#k, k counting earlier groups of the same phase and module.
+    groups: list[Group] = []
+    seen: dict[tuple[str, str], int] = {}
+    value_owner: dict[str, str] = {}
+    for (phase, module, _, _), units in runs:
+        k = seen.get((phase, module), 0)
+        seen[(phase, module)] = k + 1
+        prefix = "fw" if phase == "forward" else "bw"
+        group = Group(id=f"{prefix}:{module or '<root>'}#{k}", phase=phase, module=module, units=units)
+        group.random = any(is_random(nodes[u]) for u in units)
+        groups.append(group)
+        for unit in units:
+            for value in _unit_values(unit, nodes, unit_of):
+                value_owner[value] = group.id
+
+    # 3. What each group reads (bases made elsewhere) and runs (its units + the aliases they read).
+    readers: dict[str, set[str]] = {name: {"<out>"} for name in special}
+    for group in groups:
+        members: set[str] = set()
+        inputs: list[str] = []
+        for unit in group.units:
+            members.add(unit)
+            members.update(u.name for u in nodes[unit].users if unit_of.get(u.name) == unit)
+            for arg in nodes[unit].all_input_nodes:
+                members.update(_alias_chain(arg, base_of, unit_of))
+                base = base_of[arg.name]
+                if nodes[base].op == "get_attr":  # a constant: copied into the group's code
+                    members.add(base)
+                    continue
+                if value_owner.get(base) != group.id and base not in inputs:
+                    inputs.append(base)
+                readers.setdefault(base, set()).add(group.id)
+        group.nodes = [n.name for n in graph.nodes if n.name in members]
+        group.inputs = inputs
+
+    # 4. Exports; a group whose exports mix classes keeps the ordinary ones and hands each special
+    # class to an extraction node, so that holding a gradient does not hold an activation.
+    extractions: list[Extraction] = []
+    for group in groups:
+        group.exports = [
+            value
+            for unit in group.units
+            for value in _unit_values(unit, nodes, unit_of)
+            if readers.get(value, set()) - {group.id}
+        ]
+        classes = {special.get(v, NORMAL) for v in group.exports}
+        if len(classes) <= 1:
+            group.value_class = classes.pop() if classes else NORMAL
+            continue
+        for cls in priority:
+            values = [v for v in group.exports if special.get(v) == cls]
+            if values:
+                extractions.append(Extraction(id=f"{group.id}/{cls}", source=group.id, values=values, value_class=cls))
+    return Grouping(groups, extractions, value_owner, base_of, fixed, tangents, depth)
+
+
+def _unit_values(unit: str, nodes: dict, unit_of: dict) -> list[str]:
+    """The tensor values a unit produces: the op itself, or its getitems for a multi-output op."""
+    getitems = [u.name for u in nodes[unit].users if u.target is operator.getitem and unit_of.get(u.name) == unit]
+    return getitems if getitems else [unit]
+
+
+def _alias_chain(node: fx.Node, base_of: dict, unit_of: dict) -> list[str]:
+    """The alias ops from ``node``'s base down to ``node`` (empty when ``node`` is a base)."""
+    chain = []
+    current = node
+    while current.op == "call_function" and current.name not in unit_of:
+        chain.append(current.name)
+        sources = [a for a in current.all_input_nodes if base_of.get(a.name) == base_of[node.name]]
+        if not sources:
+            break
+        current = sources[0]
+    return chain

@@ -1,0 +1,103 @@
+"""Measure what each op of the joint graph costs on the model's device.
+
+The graph is run a few times as a whole, op by op, with real tensors (a real training step each time,
+so caches are as warm as in training), and each op's time is the median over the runs. On a GPU
+every op is bracketed by CUDA events; on CPU by the wall clock. The RNG is reset before each run, so
+every run draws the same numbers, and restored afterwards. Buffer mutations (``copy_`` into a
+buffer) are not executed: measuring must not change the model.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.fx as fx
+
+from .state import cuda_devices, get_rng_state, set_rng_state
+
+# Memory the CUDA caching allocator hands out comes in blocks of this many bytes.
+CUDA_BLOCK_BYTES = 512
+
+
+@dataclass(frozen=True)
+class OpTimes:
+    seconds: dict[str, float]  # fx node name -> median seconds of one execution
+    runs: int
+    step_seconds: float  # median wall time of a whole run of the graph
+
+
+def _is_buffer_mutation(node: fx.Node) -> bool:
+    return node.target is torch.ops.aten.copy_.default and node.args[0].op == "placeholder"
+
+
+def _last_uses(graph: fx.Graph) -> dict[str, list[str]]:
+    """For each node, the values whose last reader it is (freed right after it runs)."""
+    last: dict[str, str] = {}
+    for node in graph.nodes:
+        for arg in node.all_input_nodes:
+            last[arg.name] = node.name
+    freed: dict[str, list[str]] = {}
+    for value, reader in last.items():
+        freed.setdefault(reader, []).append(value)
+    return freed
+
+
+def time_ops(graph_module: fx.GraphModule, inputs: list, repeats: int = 5) -> OpTimes:
+    """Run the graph ``repeats`` times on ``inputs`` (placeholders in order) and time every op."""
+    graph = graph_module.graph
+    devices = cuda_devices(inputs)
+    use_events = bool(devices)
+    frees = _last_uses(graph)
+    samples: dict[str, list[float]] = {}
+    step_times = []
+    saved_rng = get_rng_state(devices)
+    try:
+        for _ in range(repeats + 1):  # the first run warms up (lazy initialisation, allocator)
+            set_rng_state(saved_rng)
+            env: dict[str, object] = {}
+            events = []
+            placeholders = iter(inputs)
+            if use_events:
+                torch.cuda.synchronize()
+            run_start = time.perf_counter()
+            with torch.no_grad():
+                for node in graph.nodes:
+                    if node.op == "placeholder":
+                        env[node.name] = next(placeholders)
+                    elif node.op == "call_function" and not _is_buffer_mutation(node):
+                        args = fx.node.map_arg(node.args, lambda n: env[n.name])
+                        kwargs = fx.node.map_arg(node.kwargs, lambda n: env[n.name])
+                        if use_events:
+                            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                            start.record()
+                            env[node.name] = node.target(*args, **kwargs)
+                            end.record()
+                            events.append((node.name, start, end))
+                        else:
+                            start_time = time.perf_counter()
+                            env[node.name] = node.target(*args, **kwargs)
+                            samples.setdefault(node.name, []).append(time.perf_counter() - start_time)
+                    for value in frees.get(node.name, ()):
+                        env.pop(value, None)
+            if use_events:
+                torch.cuda.synchronize()
+                for name, start, end in events:
+                    samples.setdefault(name, []).append(start.elapsed_time(end) / 1000.0)
+            step_times.append(time.perf_counter() - run_start)
+            del env
+    finally:
+        set_rng_state(saved_rng)
+    # Drop the warm-up run.
+    seconds = {name: statistics.median(times[1:] if len(times) > 1 else times) for name, times in samples.items()}
+    return OpTimes(seconds, repeats, statistics.median(step_times[1:] if len(step_times) > 1 else step_times))
+
+
+def storage_bytes(tensor: torch.Tensor) -> int:
+    """Bytes the allocator hands out for a tensor's storage on its device."""
+    nbytes = tensor.untyped_storage().nbytes()
+    if tensor.device.type == "cuda":
+        return -(-nbytes // CUDA_BLOCK_BYTES) * CUDA_BLOCK_BYTES
+    return nbytes

@@ -1,0 +1,10 @@
+"""Run a plan: rewrite a module so that its training step executes the plan's schedule.
+
+>>> import runtime
+>>> fast = runtime.apply(model, plan)      # shares model's parameters   # doctest: +SKIP
+"""
+
+from .executor import ScheduleError
+from .module import InputMismatch, PlanMismatch, apply
+
+__all__ = ["InputMismatch", "PlanMismatch", "ScheduleError", "apply"]

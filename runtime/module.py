@@ -1,0 +1,193 @@
+"""The planned module: a drop-in replacement whose training step runs the plan's schedule.
+
+``apply(model, plan)`` returns a shallow copy of ``model`` whose class derives from the model's own
+class: the parameters, buffers and submodules are the same objects (shared, not copied), so
+``state_dict`` keys, ``named_parameters``, optimizers, attribute access (``model.config``) and
+``isinstance`` all behave as before. Only ``forward`` differs, and only while training with grad
+enabled: it then runs the schedule's forward steps inside an ``autograd.Function`` whose backward
+runs the rest. In ``eval()`` or under ``torch.no_grad()`` it runs the original forward.
+
+Why an ``autograd.Function`` over the joint graph, rather than a rotor-style executor over stages:
+any valid schedule of the profiled graph can run, not only segment checkpointing, because the
+schedule itself decides what crosses from the forward to the backward. See docs/runtime.md.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+
+from profiler.capture import JointGraph, LossInfo, capture
+from profiler.costgraph import build_cost_graph
+from profiler.inputs import InputMismatch
+from profiler.measure import OpTimes
+from profiler.api import choose_grouping
+from profiler.state import cuda_devices
+
+from .executor import Executor
+from .programs import compile_programs
+
+
+class PlanMismatch(ValueError):
+    """The plan was made for a different model, input shapes or torch version."""
+
+
+class _Step(torch.autograd.Function):
+    """forward: the schedule's steps before the loss; backward: the steps after it."""
+
+    @staticmethod
+    def forward(ctx, bound: "_Bound", module: torch.nn.Module, *tensors):
+        ctx.bound = bound
+        ctx.set_materialize_grads(False)
+        fixed = bound.fixed_values(module, tensors)
+        outputs, state = bound.executor.forward(fixed)
+        ctx.state, ctx.fixed = state, fixed
+        requires_grad = bound.joint.output_requires_grad
+        ctx.mark_non_differentiable(*[o for o, r in zip(outputs, requires_grad) if not r or not o.is_floating_point()])
+        return tuple(outputs)
+
+    @staticmethod
+    def backward(ctx, *grad_outputs):
+        bound: _Bound = ctx.bound
+        tangents = bound.tangents(grad_outputs)
+        gradients = bound.executor.backward(ctx.state, tangents, ctx.fixed)
+        ctx.state = ctx.fixed = None
+        return (None, None, *bound.input_gradients(gradients))
+
+
+class _Bound:
+    """A plan bound to a model's traced graph: the executor and the mapping of tensors."""
+
+    def __init__(self, model: torch.nn.Module, joint: JointGraph, executor: Executor):
+        self.joint = joint
+        self.executor = executor
+        self.param_names = [p.key for p in joint.placeholders if p.role == "param"]
+        self.frozen_names = [p.key for p in joint.placeholders if p.role == "frozen"]
+        self.buffer_names = [p.key for p in joint.placeholders if p.role == "buffer"]
+        self.placeholders = joint.placeholders
+        self.grad_param_index = {name: i for i, (name, _) in enumerate(joint.grad_params)}
+        self.grad_input_index = {index: len(joint.grad_params) + i for i, (index, _) in enumerate(joint.grad_inputs)}
+
+    def function_inputs(self, model, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+        params = dict(model.named_parameters())
+        return [params[name] for name in self.param_names] + list(inputs)
+
+    def fixed_values(self, model: torch.nn.Module, tensors) -> dict[str, torch.Tensor]:
+        """Placeholder name -> tensor; ``tensors`` are the Function's inputs (params, then inputs)."""
+        params = dict(model.named_parameters())
+        buffers = dict(model.named_buffers())
+        trainable = dict(zip(self.param_names, tensors[: len(self.param_names)]))
+        inputs = tensors[len(self.param_names) :]
+        fixed = {}
+        for p in self.placeholders:
+            if p.role == "param":
+                fixed[p.name] = trainable[p.key]
+            elif p.role == "frozen":
+                fixed[p.name] = params[p.key]
+            elif p.role == "buffer":
+                fixed[p.name] = buffers[p.key]
+            elif p.role == "input":
+                fixed[p.name] = inputs[p.key]
+        return fixed
+
+    def tangents(self, grad_outputs) -> list[torch.Tensor]:
+        """The gradients the plan's graph expects, from those autograd passes in."""
+        expected = set(self.joint.loss.tangent_outputs)
+        for index, grad in enumerate(grad_outputs):
+            if grad is not None and index not in expected:
+                raise RuntimeError(
+                    f"the loss depends on model output #{index}, but the plan was made for a loss that does "
+                    "not; re-plan with a loss_fn that computes your loss"
+                )
+        result = []
+        for index, spec in zip(self.joint.loss.tangent_outputs, self.joint.loss.tangent_specs):
+            grad = grad_outputs[index]
+            result.append(grad if grad is not None else torch.zeros(spec.shape, dtype=spec.dtype, device=spec.device))
+        return result
+
+    def input_gradients(self, gradients: list[torch.Tensor]) -> list:
+        """Gradients in the Function's input order: parameters, then input tensors."""
+        result = []
+        for name in self.param_names:
+            index = self.grad_param_index.get(name)
+            result.append(gradients[index] if index is not None else None)
+        for i in range(len(self.joint.layout.tensor_positions)):
+            index = self.grad_input_index.get(i)
+            result.append(gradients[index] if index is not None else None)
+        return result
+
+    def assemble(self, outputs: tuple) -> Any:
+        leaves: list[Any] = [None] * (len(self.joint.tensor_output_positions) + len(self.joint.output_constants))
+        for position, tensor in zip(self.joint.tensor_output_positions, outputs):
+            leaves[position] = tensor
+        for position, value in self.joint.output_constants.items():
+            leaves[position] = value
+        return pytree.tree_unflatten(leaves, self.joint.output_spec)
+
+
+def _bind(model: torch.nn.Module, plan, args: tuple, kwargs: dict) -> _Bound:
+    """Trace ``model`` (or reuse the plan's own profile) and check that it is the planned graph."""
+    profile = getattr(plan, "profile", None)
+    if profile is not None and profile.graph.graph.get("fingerprint") == plan.fingerprint:
+        joint, grouping, graph = profile.joint, profile.grouping, profile.graph
+    else:
+        loss = LossInfo(0.0, tuple(plan.tangent_outputs), tuple(plan.tangent_specs))
+        joint, _ = capture(model, args, kwargs, loss=loss)
+        grouping, _ = choose_grouping(joint, plan.granularity)
+        graph = build_cost_graph(joint, grouping, OpTimes({}, 0, 0.0))
+        if graph.graph["fingerprint"] != plan.fingerprint:
+            raise PlanMismatch(
+                "this plan was made for a different model or different input shapes (graph fingerprint "
+                f"{plan.fingerprint}, this model gives {graph.graph['fingerprint']}); make a new plan for it"
+            )
+    devices = cuda_devices([*model.parameters()])
+    executor = Executor(compile_programs(joint, grouping, graph), plan.schedule, graph, devices)
+    bound = _Bound(model, joint, executor)
+    return bound
+
+
+def _planned_forward(self, *args, **kwargs):
+    original = super(type(self), self).forward
+    if not self.training or not torch.is_grad_enabled():
+        return original(*args, **kwargs)
+    bound = self.__dict__.get("_planned_bound")
+    if bound is None:
+        bound = _bind(self, self.plan, args, kwargs)
+        self.__dict__["_planned_bound"] = bound
+    inputs = bound.joint.layout.flatten(args, kwargs)
+    tensors = bound.function_inputs(self, inputs)
+    outputs = _Step.apply(bound, self, *tensors)
+    return bound.assemble(outputs)
+
+
+@functools.lru_cache(maxsize=None)
+def _planned_class(cls: type) -> type:
+    """``Planned<Model>``: the model's class with the planned forward."""
+    forward = torch._dynamo.disable(_planned_forward)  # torch.compile runs it as it is
+    return type(
+        f"Planned{cls.__name__}", (cls,), {"forward": forward, "__module__": cls.__module__, "_planned_original": cls}
+    )
+
+
+def apply(model: torch.nn.Module, plan) -> torch.nn.Module:
+    """A module that shares ``model``'s parameters and runs ``plan``'s schedule in training.
+
+    ``plan`` needs ``schedule``, ``fingerprint``, ``granularity``, ``tangent_outputs`` and
+    ``tangent_specs``, and may carry the ``profile`` it was made from (planner.Plan has them).
+    The returned module's ``plan`` attribute is ``plan``.
+    """
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"apply() takes an nn.Module, got {type(model).__name__}")
+    base = getattr(type(model), "_planned_original", type(model))  # re-planning a planned module
+    planned = copy.copy(model)
+    planned.__dict__.pop("_planned_bound", None)
+    planned.__class__ = _planned_class(base)
+    planned.__dict__["plan"] = plan
+    return planned
+
+
+__all__ = ["InputMismatch", "PlanMismatch", "apply"]
