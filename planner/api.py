@@ -1,0 +1,117 @@
+"""The Python API: ``plan``, ``checkpoint``, ``apply``, ``load`` (SPEC.md, "Python API")."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+import profiler
+import runtime
+from solvers import Infeasible, simulate, solve
+from solvers.store_all import store_all_schedule
+
+from .budget import format_bytes, parse_budget
+from .plan import Plan, load
+
+__all__ = ["BudgetInfeasible", "Plan", "apply", "checkpoint", "load", "plan"]
+
+
+class BudgetInfeasible(Infeasible):
+    """The budget is below what the solver can reach. ``min_budget`` is in bytes of the whole step
+    (parameters, buffers and inputs included), comparable with the budget the user gave."""
+
+
+def plan(
+    model: torch.nn.Module,
+    example_inputs,
+    budget="100%",
+    solver: str = "auto",
+    loss_fn: Callable | None = None,
+    time_limit: float | None = None,
+    granularity="module",
+    profile: profiler.Profile | None = None,
+) -> Plan:
+    """Profile ``model``'s training step on ``example_inputs`` and solve for ``budget``.
+
+    ``budget``: bytes of the whole step (``"12GB"``, ``"500MiB"``, an int) or a percentage of the
+    un-checkpointed step's peak (``"60%"``). ``solver``: ``"auto"`` or a method of
+    ``solvers.METHODS``. ``loss_fn(output) -> scalar`` is the loss to plan for (default: the sum of the
+    output's floating-point tensors). ``time_limit`` (seconds) bounds the searching solvers.
+    ``profile`` reuses an earlier :func:`profiler.profile` of the same model and inputs.
+
+    Raises :class:`BudgetInfeasible` (with ``min_budget``) when the budget cannot be met.
+    """
+    parsed = parse_budget(budget)
+    if profile is None:
+        profile = profiler.profile(model, example_inputs, loss_fn=loss_fn, granularity=granularity)
+    graph = profile.graph
+    fixed = int(graph.graph["fixed_bytes"])
+    store_all = simulate(graph, store_all_schedule(graph))
+    unplanned_peak = fixed + store_all.peak_bytes
+    budget_bytes = parsed.resolve(unplanned_peak)
+    schedule_budget = budget_bytes - fixed
+    try:
+        if schedule_budget < 0:
+            raise Infeasible("the budget is smaller than the parameters, buffers and inputs alone", min_budget=None)
+        schedule = solve(graph, schedule_budget, method=solver, time_limit=time_limit)
+    except Infeasible as error:
+        minimum = _minimum_budget(graph, solver, error, time_limit)
+        raise BudgetInfeasible(
+            f"budget {parsed} ({format_bytes(budget_bytes)}) is below the minimum the {error.method or solver} solver "
+            f"can reach for this model: {format_bytes(fixed + minimum)} ({fixed + minimum} bytes: parameters, buffers "
+            f"and inputs {format_bytes(fixed)} plus activations {format_bytes(minimum)})",
+            min_budget=fixed + minimum,
+            method=error.method or solver,
+        ) from None
+    outcome = simulate(graph, schedule)
+    joint = profile.joint
+    return Plan(
+        schedule=schedule,
+        graph=graph,
+        budget_bytes=budget_bytes,
+        budget_text=str(parsed),
+        fixed_bytes=fixed,
+        predicted_peak_bytes=fixed + outcome.peak_bytes,
+        unplanned_peak_bytes=unplanned_peak,
+        predicted_seconds=outcome.compute_cost,
+        unplanned_seconds=store_all.compute_cost,
+        fingerprint=profile.fingerprint,
+        granularity=profile.granularity,
+        device=profile.device,
+        torch_version=torch.__version__,
+        tangent_outputs=tuple(joint.loss.tangent_outputs),
+        tangent_specs=tuple(joint.loss.tangent_specs),
+        inputs=joint.layout.signature,
+        model=type(model).__name__,
+        profile_seconds=profile.seconds,
+        profile=profile,
+    )
+
+
+def _minimum_budget(graph, solver: str, error: Infeasible, time_limit) -> int:
+    """The schedule-peak minimum for the message: the solver's own, else the least any method reaches."""
+    if error.min_budget is not None:
+        return int(error.min_budget)
+    try:
+        solve(graph, 0, method=solver, time_limit=time_limit)
+    except Infeasible as again:
+        if again.min_budget is not None:
+            return int(again.min_budget)
+    return simulate(graph, store_all_schedule(graph)).peak_bytes
+
+
+def apply(model: torch.nn.Module, plan: Plan) -> torch.nn.Module:
+    """A module sharing ``model``'s parameters whose training step runs ``plan`` (see runtime.apply)."""
+    if not isinstance(plan, Plan):
+        raise TypeError(f"apply() takes a planner.Plan (from plan() or load()), got {type(plan).__name__}")
+    return runtime.apply(model, plan)
+
+
+def checkpoint(model: torch.nn.Module, example_inputs, budget="100%", **options) -> torch.nn.Module:
+    """``apply(model, plan(model, example_inputs, budget, **options))``: the returned module carries
+    its plan as ``.plan``."""
+    return apply(model, plan(model, example_inputs, budget, **options))
+
+
+load = load

@@ -1,0 +1,138 @@
+"""``plan-checkpoints``: plan a model file's training step against a memory budget.
+
+    plan-checkpoints MODEL.py --budget 12GB [--solver auto|...] [--device cpu|cuda]
+                     [--out plan.json] [--json] [--time-limit SECONDS]
+
+Exit status: 0 on success, 2 for a usage error or a bad model file, budget or plan file,
+3 when the budget is below the minimum the solver can reach (the message gives that minimum).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+EXIT_USAGE = 2
+EXIT_INFEASIBLE = 3
+
+
+def _methods() -> list[str]:
+    from solvers import METHODS
+
+    return ["auto", *METHODS]
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, no usage dump, like every other error of the tool
+        raise _UsageError(message)
+
+
+class _UsageError(Exception):
+    pass
+
+
+def _plan_parser() -> argparse.ArgumentParser:
+    from planner.budget import ACCEPTED_FORMS
+
+    parser = _Parser(
+        prog="plan-checkpoints",
+        description="Plan activation checkpointing for a model file's training step under a memory budget.",
+        epilog="Other commands: 'plan-checkpoints batch CONFIG.yaml', 'plan-checkpoints show plan.json'.",
+    )
+    parser.add_argument("model", help="model file defining build_model() and example_inputs()")
+    parser.add_argument("--budget", required=True, help=f"peak memory of the whole step: {ACCEPTED_FORMS}")
+    parser.add_argument("--solver", default="auto", choices=_methods(), help="solver (default: auto)")
+    parser.add_argument("--device", default=None, choices=["cpu", "cuda"], help="device to profile on (default: where build_model puts it)")
+    parser.add_argument("--out", default="plan.json", help="where to write the plan (default: plan.json)")
+    parser.add_argument("--json", action="store_true", help="print a JSON summary instead of text")
+    parser.add_argument("--time-limit", type=float, default=None, help="seconds the solver may search")
+    parser.add_argument("--model-fn", default="build_model", help="function building the model (default: build_model)")
+    parser.add_argument("--inputs-fn", default="example_inputs", help="function giving example inputs (default: example_inputs)")
+    parser.add_argument("--granularity", default="module", help="'module' (default), 'module:N' or 'op'")
+    return parser
+
+
+def _summary_json(plan, out: str) -> dict:
+    info = plan.schedule.info
+    return {
+        "plan": out,
+        "budget_bytes": plan.budget_bytes,
+        "predicted_peak_bytes": plan.predicted_peak_bytes,
+        "unplanned_peak_bytes": plan.unplanned_peak_bytes,
+        "fixed_bytes": plan.fixed_bytes,
+        "predicted_overhead": plan.predicted_overhead,
+        "predicted_seconds": plan.predicted_seconds,
+        "unplanned_seconds": plan.unplanned_seconds,
+        "solver": info.method,
+        "status": info.status,
+        "gap": info.gap,
+        "solve_seconds": info.solve_seconds,
+        "nodes": plan.graph.number_of_nodes(),
+        "recomputed_nodes": len(plan.recomputed()),
+        "message": info.message,
+    }
+
+
+def run_plan(argv: list[str]) -> int:
+    from planner import api
+    from planner.budget import parse_budget
+    from planner.modelfile import load_model_file
+    from planner.progress import Progress
+
+    args = _plan_parser().parse_args(argv)
+    if args.time_limit is not None and args.time_limit <= 0:
+        raise _UsageError(f"--time-limit must be a positive number of seconds, got {args.time_limit}")
+    budget = parse_budget(args.budget)  # reject a bad budget before any work
+    progress = Progress()
+    with progress.task(f"Loading {args.model}"):
+        model_file = load_model_file(args.model, args.model_fn, args.inputs_fn, args.device)
+    import profiler
+
+    with progress.task(f"Profiling {type(model_file.model).__name__}"):
+        profile = profiler.profile(model_file.model, model_file.example_inputs, loss_fn=model_file.loss_fn,
+                                   granularity=args.granularity)
+    with progress.task(f"Solving with {args.solver}"):
+        plan = api.plan(model_file.model, model_file.example_inputs, budget, solver=args.solver,
+                        time_limit=args.time_limit, profile=profile)
+    plan.save(args.out)
+    if args.json:
+        print(json.dumps(_summary_json(plan, args.out), indent=1))
+    else:
+        print(plan.summary())
+        print(f"Plan written to {args.out}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    from planner.budget import BudgetError
+    from planner.api import BudgetInfeasible
+    from planner.modelfile import ModelFileError
+    from planner.plan import PlanFileError
+    from profiler import CaptureError, InputMismatch
+
+    user_errors = (BudgetError, ModelFileError, PlanFileError, CaptureError, InputMismatch, _UsageError)
+    try:
+        if argv and argv[0] == "batch":
+            from planner.batch import main as batch_main
+
+            return batch_main(argv[1:])
+        if argv and argv[0] == "show":
+            from planner.show import main as show_main
+
+            return show_main(argv[1:])
+        return run_plan(argv)
+    except BudgetInfeasible as error:
+        print(f"plan-checkpoints: error: {error}", file=sys.stderr)
+        return EXIT_INFEASIBLE
+    except user_errors as error:
+        print(f"plan-checkpoints: error: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("plan-checkpoints: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,252 @@
+"""The Plan: a schedule with everything a user needs to decide on it and to apply it later.
+
+A plan saves to JSON (never pickle: loading one runs no code) with the cost graph it was solved on,
+the graph's fingerprint and the torch version, so that ``planner.apply`` can refuse a model or input
+shape it was not made for.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import networkx as nx
+import torch
+
+from profiler.inputs import TensorSpec
+from solvers import Schedule, simulate
+from solvers.schedule import COMPUTE
+
+from .budget import format_bytes
+
+FORMAT = "plan-checkpoints/1"
+
+
+class PlanFileError(ValueError):
+    """A plan file that cannot be read: not JSON, not a plan, or from an incompatible version."""
+
+
+@dataclass
+class Plan:
+    """A solved plan. Byte figures are of the whole training step (``fixed_bytes`` included)
+    unless their name says otherwise; times are seconds."""
+
+    schedule: Schedule
+    graph: nx.DiGraph
+    budget_bytes: int
+    budget_text: str
+    fixed_bytes: int
+    predicted_peak_bytes: int
+    unplanned_peak_bytes: int
+    predicted_seconds: float
+    unplanned_seconds: float
+    fingerprint: str
+    granularity: str
+    device: str
+    torch_version: str
+    tangent_outputs: tuple[int, ...]
+    tangent_specs: tuple[TensorSpec, ...]
+    inputs: list[str] = field(default_factory=list)
+    model: str = ""
+    profile_seconds: float = 0.0
+    profile: Any = field(default=None, repr=False, compare=False)  # the in-memory Profile, not saved
+
+    @property
+    def predicted_overhead(self) -> float:
+        """Predicted step time / un-checkpointed step time - 1."""
+        return self.predicted_seconds / self.unplanned_seconds - 1.0 if self.unplanned_seconds > 0 else 0.0
+
+    @property
+    def method(self) -> str:
+        return self.schedule.info.method
+
+    @property
+    def status(self) -> str:
+        return self.schedule.info.status
+
+    # -- what it does, in words ------------------------------------------------------------
+    def recomputed(self) -> dict[str, int]:
+        """Node -> number of extra computations, for nodes computed more than once."""
+        counts = Counter(self.schedule.computes())
+        return {node: count - 1 for node, count in counts.items() if count > 1}
+
+    def kept_for_backward(self) -> list[str]:
+        """Forward results held when the loss is computed: what the backward reads without recomputing."""
+        held: set = set()
+        for kind, node in self.schedule:
+            if kind == COMPUTE and node == self.graph.graph.get("loss_node"):
+                break
+            if kind == COMPUTE:
+                held.add(node)
+            else:
+                held.discard(node)
+        return [n for n in self.graph.nodes if n in held and self.graph.nodes[n].get("kind") == "forward"]
+
+    def summary(self) -> str:
+        """What a user needs to decide: peak against the budget and against no checkpointing, the
+        time it costs, and what is kept and what is recomputed."""
+        info = self.schedule.info
+        saving = 1 - self.predicted_peak_bytes / self.unplanned_peak_bytes if self.unplanned_peak_bytes else 0.0
+        status = info.status if info.gap is None or info.status == "optimal" else f"{info.status}, proven gap {info.gap:.1%}"
+        lines = [
+            f"Model:             {self.model or '?'}; inputs {', '.join(self.inputs) or '?'}",
+            f"Cost graph:        {self.graph.number_of_nodes()} nodes ({self.granularity}), profiled on {self.device}"
+            + (f" in {self.profile_seconds:.1f} s" if self.profile_seconds else ""),
+            f"Solver:            {info.method} ({status}) in {info.solve_seconds:.2f} s"
+            + (f"; {info.message}" if info.message else ""),
+            f"Budget:            {format_bytes(self.budget_bytes)} ({self.budget_text}) for the whole step; "
+            f"parameters, buffers and inputs take {format_bytes(self.fixed_bytes)}",
+            f"Predicted peak:    {format_bytes(self.predicted_peak_bytes)}, without checkpointing "
+            f"{format_bytes(self.unplanned_peak_bytes)} ({saving:+.1%} saved)"
+            if saving >= 0 else
+            f"Predicted peak:    {format_bytes(self.predicted_peak_bytes)}, without checkpointing "
+            f"{format_bytes(self.unplanned_peak_bytes)}",
+            f"Predicted time:    {self.predicted_seconds * 1000:.1f} ms per step, {self.predicted_overhead:+.1%} "
+            f"over {self.unplanned_seconds * 1000:.1f} ms without checkpointing",
+        ]
+        recomputed = self.recomputed()
+        kept = self.kept_for_backward()
+        kept_bytes = sum(self.graph.nodes[n]["mem"] for n in kept)
+        lines.append(f"Kept for backward: {len(kept)} results, {format_bytes(kept_bytes)}")
+        if recomputed:
+            by_cost = sorted(recomputed, key=lambda n: -self.graph.nodes[n]["cost"] * recomputed[n])
+            shown = ", ".join(f"{n}" + (f" x{recomputed[n]}" if recomputed[n] > 1 else "") for n in by_cost[:6])
+            more = f" and {len(by_cost) - 6} more" if len(by_cost) > 6 else ""
+            lines.append(f"Recomputed:        {len(recomputed)} nodes: {shown}{more}")
+        else:
+            lines.append("Recomputed:        nothing")
+        return "\n".join(lines)
+
+    # -- JSON ----------------------------------------------------------------------------------
+    def to_dict(self) -> dict:
+        graph = self.graph
+        return {
+            "format": FORMAT,
+            "torch_version": self.torch_version,
+            "model": self.model,
+            "inputs": list(self.inputs),
+            "device": self.device,
+            "granularity": self.granularity,
+            "fingerprint": self.fingerprint,
+            "budget": {"text": self.budget_text, "bytes": self.budget_bytes},
+            "fixed_bytes": self.fixed_bytes,
+            "predicted_peak_bytes": self.predicted_peak_bytes,
+            "unplanned_peak_bytes": self.unplanned_peak_bytes,
+            "predicted_seconds": self.predicted_seconds,
+            "unplanned_seconds": self.unplanned_seconds,
+            "predicted_overhead": self.predicted_overhead,
+            "profile_seconds": self.profile_seconds,
+            "tangent_outputs": list(self.tangent_outputs),
+            "tangent_specs": [
+                {"shape": list(s.shape), "dtype": str(s.dtype).replace("torch.", ""), "device": s.device}
+                for s in self.tangent_specs
+            ],
+            "schedule": self.schedule.to_dict(),
+            "graph": graph_to_dict(graph),
+        }
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write the plan as JSON, atomically: a reader never sees a half-written file."""
+        write_atomic(path, json.dumps(self.to_dict(), indent=1))
+
+    @classmethod
+    def from_dict(cls, data: dict, source: str = "plan") -> "Plan":
+        try:
+            if not isinstance(data, dict) or data.get("format") != FORMAT:
+                found = data.get("format") if isinstance(data, dict) else type(data).__name__
+                raise PlanFileError(f"{source} is not a plan-checkpoints plan (format {found!r}, expected {FORMAT!r})")
+            graph = graph_from_dict(data["graph"])
+            schedule = Schedule.from_dict(data["schedule"], graph)
+            specs = tuple(
+                TensorSpec(tuple(int(d) for d in s["shape"]), _dtype(s["dtype"]), str(s["device"]), False)
+                for s in data["tangent_specs"]
+            )
+            plan = cls(
+                schedule=schedule, graph=graph, budget_bytes=int(data["budget"]["bytes"]),
+                budget_text=str(data["budget"]["text"]), fixed_bytes=int(data["fixed_bytes"]),
+                predicted_peak_bytes=int(data["predicted_peak_bytes"]),
+                unplanned_peak_bytes=int(data["unplanned_peak_bytes"]),
+                predicted_seconds=float(data["predicted_seconds"]), unplanned_seconds=float(data["unplanned_seconds"]),
+                fingerprint=str(data["fingerprint"]), granularity=str(data["granularity"]), device=str(data["device"]),
+                torch_version=str(data["torch_version"]), tangent_outputs=tuple(int(i) for i in data["tangent_outputs"]),
+                tangent_specs=specs, inputs=[str(s) for s in data.get("inputs", [])], model=str(data.get("model", "")),
+                profile_seconds=float(data.get("profile_seconds", 0.0)),
+            )
+        except PlanFileError:
+            raise
+        except (KeyError, TypeError, ValueError, AttributeError) as error:
+            raise PlanFileError(f"{source} is not a valid plan: {type(error).__name__}: {error}") from None
+        outcome = simulate(plan.graph, plan.schedule)
+        if not outcome.valid:
+            raise PlanFileError(f"{source}: its schedule is not valid for its own graph ({outcome.error})")
+        return plan
+
+
+def _dtype(name: str) -> torch.dtype:
+    dtype = getattr(torch, name, None)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"unknown dtype {name!r}")
+    return dtype
+
+
+_NODE_FIELDS = ("cost", "mem", "workspace", "output", "pinned", "kind", "module", "ops", "random", "value_class")
+
+
+def graph_to_dict(graph: nx.DiGraph) -> dict:
+    return {
+        "attributes": {k: v for k, v in graph.graph.items() if isinstance(v, (str, int, float, bool))},
+        "nodes": [{"id": str(n), **{k: d[k] for k in _NODE_FIELDS if k in d}} for n, d in graph.nodes(data=True)],
+        "edges": [[str(u), str(v)] for u, v in graph.edges],
+    }
+
+
+def graph_from_dict(data: dict) -> nx.DiGraph:
+    graph = nx.DiGraph(**dict(data.get("attributes", {})))
+    for node in data["nodes"]:
+        attributes = {k: node[k] for k in _NODE_FIELDS if k in node}
+        graph.add_node(str(node["id"]), **attributes)
+    for u, v in data["edges"]:
+        if u not in graph or v not in graph:
+            raise ValueError(f"edge {u} -> {v} names a node that is not in the graph")
+        graph.add_edge(str(u), str(v))
+    from solvers import validate
+
+    validate(graph)
+    return graph
+
+
+def write_atomic(path: str | os.PathLike, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file in the same folder, then rename."""
+    path = os.fspath(path)
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(prefix=".tmp-", suffix=os.path.basename(path), dir=folder)
+    try:
+        with os.fdopen(handle, "w") as file:
+            file.write(text)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        if os.path.exists(temporary):
+            os.unlink(temporary)
+        raise
+
+
+def load(path: str | os.PathLike) -> Plan:
+    """Read a plan saved by :meth:`Plan.save`. Raises :class:`PlanFileError` with the reason."""
+    path = os.fspath(path)
+    try:
+        with open(path) as file:
+            text = file.read()
+    except OSError as error:
+        raise PlanFileError(f"cannot read plan file {path}: {error.strerror or error}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise PlanFileError(f"{path} is not valid JSON (line {error.lineno}, column {error.colno}: {error.msg})") from None
+    return Plan.from_dict(data, source=path)
