@@ -91,7 +91,7 @@ def profile(
     example_inputs,
     loss_fn: Callable | None = None,
     granularity="module",
-    repeats: int = 5,
+    repeats: int = 3,
 ) -> Profile:
     """Trace ``model``'s training step on ``example_inputs`` and measure it into a cost graph.
 

@@ -123,20 +123,34 @@ def _inferred_loss(graph, order: Sequence[Node]) -> Node:
 
 
 def _persistent_nodes(graph, forward: Sequence[Node], position: dict, budget_bytes: float) -> set[Node]:
-    """Small forward nodes read far from where they are made, cheapest first, within the share."""
-    candidates = []
+    """Small forward nodes whose results cross many stage boundaries (masks, position ids), chosen
+    greedily by the number of boundaries each one unblocks, within ``budget_bytes`` in total.
+
+    A position is a boundary when nothing but the node just computed crosses it; a node that is the
+    only other crossing result at k positions unblocks k boundaries when it is held throughout.
+    """
+    last_reader = {}
     for node in forward:
         readers = [position[s] for s in graph.successors(node) if s in position]
-        if readers and max(readers) > position[node] + 1 and not is_pinned(graph, node):
-            candidates.append((graph.nodes[node]["mem"], position[node], node))
+        if readers and not is_pinned(graph, node):
+            last_reader[node] = max(readers)
+    crossing: list[list[Node]] = []  # crossing[p]: results made before p and read after p
+    for p in range(len(forward)):
+        crossing.append([u for u, last in last_reader.items() if position[u] < p < last])
     chosen: set[Node] = set()
     total = 0
-    for mem, _, node in sorted(candidates, key=lambda c: (c[0], c[1])):
-        if total + mem > budget_bytes:
-            break
-        chosen.add(node)
-        total += mem
-    return chosen
+    while True:
+        gain: dict[Node, int] = {}
+        for p, nodes in enumerate(crossing):
+            remaining = [u for u in nodes if u not in chosen]
+            if len(remaining) == 1:
+                gain[remaining[0]] = gain.get(remaining[0], 0) + 1
+        affordable = [u for u in gain if total + graph.nodes[u]["mem"] <= budget_bytes]
+        if not affordable:
+            return chosen
+        best = max(affordable, key=lambda u: (gain[u], -graph.nodes[u]["mem"], -position[u]))
+        chosen.add(best)
+        total += graph.nodes[best]["mem"]
 
 
 def chain_view(graph) -> ChainView:
@@ -245,13 +259,16 @@ def _chain_sizes(view: ChainView) -> Chain:
         return crossing
 
     def crossing_backward(i: int) -> set[Node]:
-        """y_i: backward results of stages >= i that a backward node of a stage < i reads."""
-        crossing = set()
-        for j in range(i, length + 1):
-            for b in view.backward[j]:
-                if any(s in backward_nodes and stage_of[s] < i for s in graph.successors(b)):
-                    crossing.add(b)
-        return crossing
+        """y_i: results of B_i that B_{i-1} reads (the gradient flowing down the chain)."""
+        return {b for b in view.backward[i] if any(s in backward_nodes and stage_of[s] == i - 1 for s in graph.successors(b))}
+
+    def long_lived(i: int) -> set[Node]:
+        """Results of B_i read further down than B_{i-1} (a tied weight's partial gradient): the
+        chain model has no place for them but ``gout``, held to the end, which bounds them."""
+        return {
+            b for b in view.backward[i]
+            if any(s in backward_nodes and stage_of[s] < i - 1 for s in graph.successors(b)) and not is_output(graph, b)
+        }
 
     xs = [crossing_forward(i) for i in range(length + 1)]
     ys = [crossing_backward(i) for i in range(length + 1)]
@@ -272,7 +289,7 @@ def _chain_sizes(view: ChainView) -> Chain:
     btmp = [0] * (length + 1)
     gout = [0] * (length + 1)
     for i in range(length + 1):
-        outputs = {b for b in view.backward[i] if is_output(graph, b)}
+        outputs = {b for b in view.backward[i] if is_output(graph, b)} | long_lived(i)
         gout[i] = _bytes(graph, outputs)
         nodes = view.backward[i] if i < length else view.forward[length] + view.backward[length]
         peak, _ = _local_peak(graph, nodes, ys[i] | outputs, reserved)
