@@ -24,7 +24,6 @@ import torch
 import torch.fx as fx
 import torch.fx.traceback as fx_traceback
 import torch.utils._pytree as pytree
-from torch._decomp import get_decompositions
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.func import functional_call
 
@@ -137,10 +136,18 @@ def _describe(value) -> str:
     return type(value).__name__
 
 
-# native_batch_norm updates the running statistics in place without saying so in its schema, so
-# functionalization would miss it; its decomposition uses _native_batch_norm_legit, whose schema
-# declares the mutation, which then becomes an explicit copy_ into the buffer.
-_DECOMPOSITIONS = get_decompositions([torch.ops.aten.native_batch_norm.default])
+def _batch_norm_declaring_its_mutation(input, weight, bias, running_mean, running_var, training, momentum, eps):
+    """native_batch_norm updates the running statistics in place without saying so in its schema,
+    so functionalization would miss it. _native_batch_norm_legit runs the same kernel (same numbers,
+    bit for bit) and declares the mutation, which functionalization turns into a copy_ into the
+    buffer that the runtime applies once per step."""
+    aten = torch.ops.aten
+    if running_mean is None:
+        return aten._native_batch_norm_legit.no_stats(input, weight, bias, training, momentum, eps)
+    return aten._native_batch_norm_legit.default(input, weight, bias, running_mean, running_var, training, momentum, eps)
+
+
+_DECOMPOSITIONS = {torch.ops.aten.native_batch_norm.default: _batch_norm_declaring_its_mutation}
 
 
 def _replay(graph_module: fx.GraphModule) -> Callable:

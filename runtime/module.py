@@ -152,11 +152,15 @@ def _bind(model: torch.nn.Module, plan, args: tuple, kwargs: dict) -> _Bound:
 
 def _planned_forward(self, *args, **kwargs):
     original = super(type(self), self).forward
-    if not self.training or not torch.is_grad_enabled():
+    if not self.training or not torch.is_grad_enabled() or self.__dict__.get("_planned_tracing"):
         return original(*args, **kwargs)
     bound = self.__dict__.get("_planned_bound")
     if bound is None:
-        bound = _bind(self, self.plan, args, kwargs)
+        self.__dict__["_planned_tracing"] = True  # tracing this module traces the original forward
+        try:
+            bound = _bind(self, self.plan, args, kwargs)
+        finally:
+            del self.__dict__["_planned_tracing"]
         self.__dict__["_planned_bound"] = bound
     inputs = bound.joint.layout.flatten(args, kwargs)
     tensors = bound.function_inputs(self, inputs)

@@ -1,0 +1,25 @@
+import os
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+# Two threads at most: CI machines have two cores, and oversubscribed OpenMP threads make CPU
+# timings and some tests far slower than they need to be.
+os.environ.setdefault("OMP_NUM_THREADS", "2")
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    import random
+
+    random.seed(0)
+    try:
+        import torch
+
+        torch.manual_seed(0)
+    except ImportError:  # the solver tests do not need torch
+        pass
