@@ -74,13 +74,30 @@ def _summary_json(plan, out: str) -> dict:
     }
 
 
+def _join_negative_budget(argv: list[str]) -> list[str]:
+    """``--budget -5GB``: argparse would take -5GB for an option; pass it on so that the budget
+    parser can say what is wrong with it."""
+    joined = []
+    skip = False
+    for i, arg in enumerate(argv):
+        if skip:
+            skip = False
+            continue
+        if arg == "--budget" and i + 1 < len(argv) and argv[i + 1].startswith("-") and argv[i + 1][1:2].isdigit():
+            joined.append(f"--budget={argv[i + 1]}")
+            skip = True
+        else:
+            joined.append(arg)
+    return joined
+
+
 def run_plan(argv: list[str]) -> int:
     from planner import api
     from planner.budget import parse_budget
     from planner.modelfile import load_model_file
     from planner.progress import Progress
 
-    args = _plan_parser().parse_args(argv)
+    args = _plan_parser().parse_args(_join_negative_budget(argv))
     if args.time_limit is not None and args.time_limit <= 0:
         raise _UsageError(f"--time-limit must be a positive number of seconds, got {args.time_limit}")
     budget = parse_budget(args.budget)  # reject a bad budget before any work

@@ -101,7 +101,7 @@ class Plan:
             f"Budget:            {format_bytes(self.budget_bytes)} ({self.budget_text}) for the whole step; "
             f"parameters, buffers and inputs take {format_bytes(self.fixed_bytes)}",
             f"Predicted peak:    {format_bytes(self.predicted_peak_bytes)}, without checkpointing "
-            f"{format_bytes(self.unplanned_peak_bytes)} ({saving:+.1%} saved)"
+            f"{format_bytes(self.unplanned_peak_bytes)} ({saving:.1%} less)"
             if saving >= 0 else
             f"Predicted peak:    {format_bytes(self.predicted_peak_bytes)}, without checkpointing "
             f"{format_bytes(self.unplanned_peak_bytes)}",
