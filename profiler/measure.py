@@ -87,7 +87,7 @@ def time_ops(graph_module: fx.GraphModule, inputs: list, repeats: int = 5) -> Op
                 for name, start, end in events:
                     samples.setdefault(name, []).append(start.elapsed_time(end) / 1000.0)
             step_times.append(time.perf_counter() - run_start)
-            del env
+            env.clear()  # release the run's tensors before the next one
     finally:
         set_rng_state(saved_rng)
     # Drop the warm-up run.

@@ -30,7 +30,6 @@ schedule with :func:`solvers.simulate`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cached_property
 from typing import Hashable, Iterable, Sequence
 
 import networkx as nx
@@ -244,7 +243,6 @@ def _bytes(graph, nodes: Iterable[Node]) -> int:
 def _chain_sizes(view: ChainView) -> Chain:
     graph, reserved, stage_of = view.graph, view.reserved, view.stage_of
     length = view.length
-    forward_stage = {v: i for i, nodes in enumerate(view.forward) for v in nodes}
     backward_nodes = {v for nodes in view.backward for v in nodes}
 
     def crossing_forward(i: int) -> set[Node]:

@@ -10,6 +10,9 @@ import random
 
 import networkx as nx
 
+from solvers import simulate
+from solvers.store_all import store_all_schedule
+
 
 def _attributes(graph: nx.DiGraph, rng: random.Random, max_cost: int = 5, max_mem: int = 5) -> nx.DiGraph:
     for node in graph.nodes:
@@ -111,3 +114,30 @@ def parameter_gradient_graph(layers: int, seed: int = 0) -> nx.DiGraph:
             graph.add_edge(f"f{i}", f"b{i}")
             gradient = f"b{i}"
     return _attributes(graph, rng)
+
+
+def with_extras(graph: nx.DiGraph, seed: int = 0) -> nx.DiGraph:
+    """A copy with the docs/costgraph.md extensions: ``workspace`` bytes on about a third of the
+    nodes, and the loss node (or else the first output) ``pinned``."""
+    rng = random.Random(seed)
+    graph = graph.copy()
+    for node in graph.nodes:
+        if rng.random() < 0.35:
+            graph.nodes[node]["workspace"] = rng.randint(1, 4)
+    pinned = graph.graph.get("loss_node")
+    if pinned is None:
+        pinned = next(v for v in graph.nodes if graph.nodes[v].get("output"))
+    graph.nodes[pinned]["pinned"] = True
+    return graph
+
+
+def store_all_peak(graph) -> int:
+    return simulate(graph, store_all_schedule(graph)).peak_bytes
+
+
+def budget_sweep(graph, points: int = 8) -> list[int]:
+    """Budgets from 0 to just above the store-all peak (bytes)."""
+    top = store_all_peak(graph)
+    budgets = {0, 1, top - 1, top, top + 1}
+    budgets.update(round(top * k / points) for k in range(1, points))
+    return sorted(b for b in budgets if b >= 0)

@@ -8,12 +8,19 @@ are shared with tests/test_revolve.py.
 from __future__ import annotations
 
 import math
-import random
 
-import networkx as nx
 import pytest
+from contract import check_method_at
+from graphs import (
+    budget_sweep,
+    chain,
+    parameter_gradient_graph,
+    random_dag,
+    store_all_peak,
+    training_graph,
+    with_extras,
+)
 
-from graphs import chain, parameter_gradient_graph, random_dag, training_graph
 from solvers import Infeasible, simulate, solve, total_cost
 from solvers.chain import chain_view
 from solvers.chainmodel import Op
@@ -28,63 +35,6 @@ from solvers.chen import (
     stage_forward_seconds,
     threshold_starts,
 )
-from solvers.store_all import store_all_schedule
-
-# -- shared helpers ------------------------------------------------------------------------------
-
-
-def with_extras(graph: nx.DiGraph, seed: int = 0) -> nx.DiGraph:
-    """A copy with the docs/costgraph.md extensions: ``workspace`` bytes on about a third of the
-    nodes, and the loss node (or else the first output) ``pinned``."""
-    rng = random.Random(seed)
-    graph = graph.copy()
-    for node in graph.nodes:
-        if rng.random() < 0.35:
-            graph.nodes[node]["workspace"] = rng.randint(1, 4)
-    pinned = graph.graph.get("loss_node")
-    if pinned is None:
-        pinned = next(v for v in graph.nodes if graph.nodes[v].get("output"))
-    graph.nodes[pinned]["pinned"] = True
-    return graph
-
-
-def store_all_peak(graph) -> int:
-    return simulate(graph, store_all_schedule(graph)).peak_bytes
-
-
-def budget_sweep(graph, points: int = 8) -> list[int]:
-    """Budgets from 0 to just above the store-all peak (bytes)."""
-    top = store_all_peak(graph)
-    budgets = {0, 1, top - 1, top, top + 1}
-    budgets.update(round(top * k / points) for k in range(1, points))
-    return sorted(b for b in budgets if b >= 0)
-
-
-def check_method_at(graph, budget: int, method: str):
-    """The contract at one budget: a schedule that simulates valid within the budget, or Infeasible
-    whose min_budget is over the budget and at which the method then succeeds with that exact peak.
-    Returns the simulation of the schedule obtained (at ``budget`` or at ``min_budget``)."""
-    try:
-        schedule = solve(graph, budget, method=method)
-    except Infeasible as error:
-        assert error.min_budget is not None and error.min_budget > budget, (method, budget, error.min_budget)
-        assert str(error.min_budget) in str(error)
-        assert error.method == method
-        schedule = solve(graph, error.min_budget, method=method)
-        outcome = simulate(graph, schedule)
-        assert outcome.valid, outcome.error
-        assert outcome.peak_bytes == error.min_budget  # the least peak of the method's plans
-        return outcome
-    outcome = simulate(graph, schedule)
-    assert outcome.valid, outcome.error
-    assert outcome.peak_bytes <= budget
-    assert schedule.info.method == method
-    if budget >= store_all_peak(graph):
-        assert schedule.info.status == "optimal"
-        assert outcome.compute_cost == pytest.approx(total_cost(graph))
-    else:
-        assert schedule.info.status == "heuristic"
-    return outcome
 
 
 def min_budget(graph, method: str) -> int:

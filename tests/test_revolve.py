@@ -4,11 +4,18 @@ the method on cost graphs (every returned schedule fits; every Infeasible's min_
 from __future__ import annotations
 
 import math
-from functools import lru_cache
 
 import pytest
+from contract import check_method_at
+from graphs import (
+    budget_sweep,
+    chain,
+    parameter_gradient_graph,
+    random_dag,
+    training_graph,
+    with_extras,
+)
 
-from graphs import chain, parameter_gradient_graph, random_dag, training_graph
 from solvers import Infeasible, simulate, solve
 from solvers.chain import chain_view
 from solvers.chainmodel import Op
@@ -22,7 +29,6 @@ from solvers.revolve import (
     split_summary,
 )
 from solvers.store_all import store_all_schedule
-from test_chen import budget_sweep, check_method_at, with_extras  # shared sweep helpers
 
 FORWARD = ("CF", "Fn", "Fe")
 
