@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import time
-from dataclasses import dataclass
-from typing import Callable
+from dataclasses import dataclass, replace
+from typing import Callable, Protocol
 
 import networkx as nx
 import torch
@@ -18,6 +20,23 @@ from .measure import OpTimes, time_ops
 # "auto"/"module" granularity picks the finest module depth whose graph has at most this many nodes:
 # exact solvers stay within a minute on graphs of a few hundred nodes.
 AUTO_MAX_NODES = 300
+
+
+@dataclass(frozen=True)
+class CachedTimes:
+    """What a profile measured and a cache keeps: the op times and the planning loss's time."""
+
+    ops: OpTimes
+    loss_seconds: float
+
+
+class TimesCache(Protocol):
+    """Keeps measured times between profiles of the same trace (planner.profilecache has one on
+    disk). ``load`` returns None when it has nothing under ``key``."""
+
+    def load(self, key: str) -> CachedTimes | None: ...
+
+    def store(self, key: str, times: CachedTimes) -> None: ...
 
 
 @dataclass
@@ -92,6 +111,7 @@ def profile(
     loss_fn: Callable | None = None,
     granularity="module",
     repeats: int = 3,
+    times_cache: TimesCache | None = None,
 ) -> Profile:
     """Trace ``model``'s training step on ``example_inputs`` and measure it into a cost graph.
 
@@ -101,19 +121,42 @@ def profile(
     giving at most ~300 nodes), ``"module:N"`` or ``N`` (module paths cut at N levels), or ``"op"``.
     Costs are medians of ``repeats`` measured runs, after one warm-up run. Model, buffers and RNG are
     left as they were.
+
+    ``times_cache`` (optional) skips the timing, the expensive part, for a trace measured before:
+    times are looked up under :func:`times_key` once the step is traced and grouped, and stored there
+    after measuring.
     """
     started = time.perf_counter()
     parse_granularity(granularity)  # reject a bad value before any work
     args, kwargs = normalise_inputs(example_inputs)
     joint, tangents = capture(model, args, kwargs, loss_fn)
-    values = _placeholder_values(model, joint, args, kwargs, tangents)
-    del tangents
-    times = time_ops(joint.graph_module, values, repeats=repeats)
     grouping, label = choose_grouping(joint, granularity)
-    graph = build_cost_graph(joint, grouping, times)
     device = str(next((p.device for p in model.parameters()), torch.device("cpu")))
+    key = times_key(joint, grouping, device, repeats) if times_cache is not None else None
+    cached = times_cache.load(key) if times_cache is not None else None
+    if cached is not None:
+        times = cached.ops
+        joint.loss = replace(joint.loss, seconds=cached.loss_seconds)  # the measured profile, exactly
+    else:
+        values = _placeholder_values(model, joint, args, kwargs, tangents)
+        times = time_ops(joint.graph_module, values, repeats=repeats)
+        del values
+        if times_cache is not None:
+            times_cache.store(key, CachedTimes(times, float(joint.loss.seconds)))
+    del tangents
+    graph = build_cost_graph(joint, grouping, times)
     _annotate(graph, device, label)
     return Profile(graph, joint, grouping, times, label, device, time.perf_counter() - started)
+
+
+def times_key(joint: JointGraph, grouping: Grouping, device: str, repeats: int) -> str:
+    """The cache key of a trace's measured times: the cost graph's fingerprint (structure and sizes,
+    known before timing), the traced ops by fx name (the names the times are keyed by; the same for
+    the same model and inputs), the device, the torch version and the number of timed runs."""
+    structure = build_cost_graph(joint, grouping, OpTimes({}, 0, 0.0)).graph["fingerprint"]
+    ops = [[n.name, str(n.target)] for n in joint.graph_module.graph.nodes]
+    text = json.dumps([structure, ops, device, torch.__version__, repeats])
+    return f"{structure}-{hashlib.sha256(text.encode()).hexdigest()[:16]}"
 
 
 def _placeholder_values(model, joint: JointGraph, args, kwargs, tangents: list) -> list:
