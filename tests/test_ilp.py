@@ -1,0 +1,318 @@
+"""The ``ilp`` method: Checkmate's MILP (solvers/ilp.py).
+
+Ground truth: Checkmate's published optima for the linear training graph (ALGORITHMS.md), the
+exhaustive search (solvers/exhaustive.py) on small graphs, and the simulator for every schedule.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import random
+
+import networkx as nx
+import pytest
+
+from graphs import chain, parameter_gradient_graph, random_dag, training_graph
+from solvers import Infeasible, Schedule, SolverUnavailable, simulate, solve
+from solvers import ilp
+from solvers.exhaustive import min_cost_schedule, min_peak
+from solvers.graph import node_costs
+from solvers.store_all import store_all_schedule
+
+# ALGORITHMS.md, "Checkmate": unit cost and memory, linear training graph of L layers.
+KNOWN_OPTIMA = {
+    4: {3: 15, 4: 11, 5: 10, 6: 9},
+    8: {3: 45, 4: 26, 5: 22, 6: 21, 7: 20, 8: 19, 9: 18, 10: 17},
+}
+
+
+def check(graph, schedule, budget):
+    """The schedule is valid and within budget; returns its simulated compute cost."""
+    outcome = simulate(graph, schedule)
+    assert outcome.valid, outcome.error
+    assert outcome.peak_bytes <= budget, (outcome.peak_bytes, budget)
+    return outcome.compute_cost
+
+
+def store_all_peak(graph) -> int:
+    return simulate(graph, store_all_schedule(graph)).peak_bytes
+
+
+def trap_graph():
+    """ALGORITHMS.md, Checkmate trap 1: the fixed first-computation order costs 13, the optimum 10."""
+    graph = nx.DiGraph()
+    graph.add_edges_from([(0, 1), (1, 2), (0, 3)])
+    for node, (cost, mem) in enumerate(zip([3, 1, 1, 5], [1, 2, 2, 3])):
+        graph.nodes[node].update(cost=float(cost), mem=mem)
+    return graph
+
+
+def with_extras(graph, seed: int):
+    """Add the docs/costgraph.md extensions: workspace on some nodes, one pinned node."""
+    rng = random.Random(seed)
+    for node in graph.nodes:
+        if rng.random() < 0.4:
+            graph.nodes[node]["workspace"] = rng.randint(1, 3)
+    candidates = [node for node in graph.nodes if graph.out_degree(node) > 0]
+    graph.nodes[rng.choice(candidates)]["pinned"] = True
+    return graph
+
+
+# ---- Checkmate's known optima ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("layers", sorted(KNOWN_OPTIMA))
+def test_linear_training_graph_known_optima(layers):
+    graph = training_graph(layers, unit=True)
+    for budget, optimum in KNOWN_OPTIMA[layers].items():
+        schedule = solve(graph, budget, method="ilp")
+        assert check(graph, schedule, budget) == optimum, budget
+        assert schedule.info.status == "optimal"
+        assert schedule.info.gap == 0.0
+        assert schedule.info.lower_bound == pytest.approx(optimum)
+    with pytest.raises(Infeasible) as caught:
+        solve(graph, 2, method="ilp")
+    assert caught.value.min_budget == 3  # the smallest budget with a known optimum
+
+
+def test_exhaustive_agrees_with_known_optima_l4():
+    graph = training_graph(4, unit=True)
+    for budget, optimum in KNOWN_OPTIMA[4].items():
+        assert min_cost_schedule(graph, budget).info.compute_cost == optimum
+
+
+def test_fixed_order_trap():
+    graph = trap_graph()
+    schedule = solve(graph, 4, method="ilp")
+    assert check(graph, schedule, 4) == 13
+    assert schedule.info.status == "optimal"
+    assert min_cost_schedule(graph, 4).info.compute_cost == 10  # order 0, 3, 1, 2 is cheaper
+
+
+# ---- against the exhaustive search -----------------------------------------------------------
+
+
+def property_graphs():
+    graphs = []
+    for seed in range(4):
+        graphs.append((f"random{seed}", random_dag(7 + seed % 3, 0.35, seed=seed, outputs=("sinks", "last", "none")[seed % 3])))
+    graphs.append(("random-extras", with_extras(random_dag(8, 0.3, seed=11), seed=5)))
+    graphs.append(("chain7", chain(7, seed=3)))
+    graphs.append(("chain9-extras", with_extras(chain(9, seed=4), seed=6)))
+    graphs.append(("training-skips", training_graph(4, seed=2, skips=2)))
+    graphs.append(("params", parameter_gradient_graph(3, seed=1)))  # "loss" is pinned
+    return graphs
+
+
+@pytest.mark.parametrize("name,graph", property_graphs(), ids=[name for name, _ in property_graphs()])
+def test_never_below_exhaustive_and_exact_on_chains(name, graph):
+    true_min = min_peak(graph)
+    top = store_all_peak(graph)
+    is_chain = name.startswith("chain")
+    feasible = 0
+    for budget in range(true_min - 1, top + 1):
+        try:
+            schedule = ilp.solve_ilp(graph, budget)
+        except Infeasible as error:
+            assert error.min_budget is not None and error.min_budget >= true_min
+            assert error.min_budget > budget
+            assert not is_chain or budget < true_min  # on a chain the model reaches the true minimum
+            continue
+        feasible += 1
+        cost = check(graph, schedule, budget)
+        optimum = min_cost_schedule(graph, budget).info.compute_cost
+        assert cost >= optimum - 1e-9, (budget, cost, optimum)
+        if is_chain:
+            assert cost == pytest.approx(optimum), budget
+        assert schedule.info.status == "optimal"
+        for node in graph.nodes:
+            if graph.nodes[node].get("pinned"):
+                assert schedule.computes().count(node) == 1
+    assert feasible >= 1  # the store-all peak is always feasible
+
+
+@pytest.mark.parametrize("graph", [random_dag(8, 0.4, seed=21), with_extras(random_dag(8, 0.3, seed=22), seed=1),
+                                   trap_graph(), training_graph(4, seed=5)])
+def test_min_budget_is_the_model_minimum(graph):
+    true_min = min_peak(graph)
+    with pytest.raises(Infeasible) as caught:
+        ilp.solve_ilp(graph, true_min - 1)
+    least = caught.value.min_budget
+    assert least >= true_min
+    assert str(least) in str(caught.value)
+    check(graph, ilp.solve_ilp(graph, least), least)  # the model meets it...
+    if least > true_min:
+        with pytest.raises(Infeasible):  # ...and nothing below it
+            ilp.solve_ilp(graph, least - 1)
+
+
+def test_model_minimum_can_exceed_the_true_minimum():
+    # The fixed first-computation order also costs memory: here a schedule that computes node 3
+    # before node 2 (and frees it) peaks at 10 bytes, while the model's order needs 12.
+    graph = random_dag(5, 0.4, seed=202, outputs="none")
+    assert sorted(graph.edges) == [(0, 1), (0, 4), (1, 2), (1, 3), (2, 4)]
+    assert min_peak(graph) == 10
+    with pytest.raises(Infeasible) as caught:
+        solve(graph, 11, method="ilp")
+    assert caught.value.min_budget == 12
+    assert "12 bytes" in str(caught.value)
+    check(graph, solve(graph, 12, method="ilp"), 12)
+
+
+# ---- byte-sized numbers ----------------------------------------------------------------------
+
+
+def test_large_bytes_and_small_seconds_scale():
+    graph = training_graph(8, unit=True)
+    unit_bytes = 123_456_789
+    for node in graph.nodes:
+        graph.nodes[node]["mem"] *= unit_bytes
+        graph.nodes[node]["cost"] = 3e-5
+    for budget, optimum in [(5, 22), (6, 21)]:
+        schedule = solve(graph, budget * unit_bytes, method="ilp")
+        assert check(graph, schedule, budget * unit_bytes) == pytest.approx(optimum * 3e-5)
+        assert schedule.info.status == "optimal"
+        assert schedule.info.lower_bound == pytest.approx(optimum * 3e-5)
+    # One byte short of the tightest budget: the model needs 3 units, to the byte.
+    with pytest.raises(Infeasible) as caught:
+        solve(graph, 3 * unit_bytes - 1, method="ilp")
+    assert caught.value.min_budget == 3 * unit_bytes
+
+
+# ---- model internals -------------------------------------------------------------------------
+
+
+def test_warm_start_values_satisfy_the_model_and_round_trip():
+    graph = training_graph(8, unit=True)
+    costs = node_costs(graph)
+    schedule = solve(graph, 5, method="chen-greedy")
+    model = ilp.build_model(costs, 5, ilp.Scales.of(costs))
+    values = ilp.model_values(model, graph, schedule)
+    assert values is not None and ilp._check_values(model, values)
+    order = ilp.compute_order(model, values)
+    assert [costs.order[i] for i in order] == schedule.computes()
+    # A schedule whose first computations are out of the fixed order cannot be expressed.
+    swapped = Schedule([("compute", 0), ("compute", 1), ("compute", 2)])
+    graph2 = nx.DiGraph([(0, 1), (0, 2)])
+    for node in graph2.nodes:
+        graph2.nodes[node].update(cost=1.0, mem=1)
+    costs2 = node_costs(graph2)
+    model2 = ilp.build_model(costs2, 3, ilp.Scales.of(costs2))
+    assert ilp.model_values(model2, graph2, swapped) is not None
+    assert ilp.model_values(model2, graph2, Schedule([("compute", 0), ("compute", 2), ("compute", 1)])) is None
+
+
+@pytest.mark.parametrize("backend", ["highs", "cbc"])
+def test_backend_accepts_the_warm_start(backend):
+    graph = training_graph(14, unit=True, skips=3)
+    costs = node_costs(graph)
+    budget = 12
+    start = solve(graph, budget, method="chen-greedy")
+    start_cost = check(graph, start, budget)
+    model = ilp.build_model(costs, budget, ilp.Scales.of(costs))
+    values = ilp.model_values(model, graph, start)
+    assert values is not None
+    # A time limit far too short to solve the model: what comes back is the start (or better).
+    outcome = ilp.run_backend(model, backend, time_limit=0.05, warm=values)
+    assert outcome.has_solution
+    assert outcome.objective * model.scales.cost_unit <= start_cost + 1e-6
+
+
+# ---- time limits, LP rounding, backends ------------------------------------------------------
+
+
+def test_time_limit_returns_incumbent_with_gap():
+    graph = training_graph(22, seed=1)
+    budget = 30
+    schedule = solve(graph, budget, method="ilp", time_limit=2)
+    cost = check(graph, schedule, budget)
+    assert schedule.info.status in ("optimal", "feasible")
+    assert schedule.info.gap is not None and schedule.info.lower_bound is not None
+    assert schedule.info.lower_bound <= cost + 1e-9
+    assert schedule.info.gap == pytest.approx(max(0.0, (cost - schedule.info.lower_bound) / cost), abs=1e-9)
+    if schedule.info.status == "optimal":
+        assert schedule.info.gap == 0.0
+
+
+def test_time_limit_without_incumbent_raises_timeout():
+    graph = training_graph(22, seed=1)
+    # No warm start and no time to solve: neither a schedule nor a proof of infeasibility.
+    try:
+        schedule = ilp.solve_ilp(graph, 30, time_limit=0.01, warm_start=False)
+    except TimeoutError as error:
+        assert "time limit" in str(error)
+    else:  # HiGHS found a schedule in its first hundredth of a second: it must still be right
+        check(graph, schedule, 30)
+        assert schedule.info.status in ("optimal", "feasible")
+
+
+@pytest.mark.parametrize("budget", [4, 6])
+def test_lp_rounding_on_the_linear_training_graph(budget):
+    graph = training_graph(8, unit=True)
+    schedule = solve(graph, budget, method="ilp", mode="lp-rounding")
+    cost = check(graph, schedule, budget)
+    bound = schedule.info.lower_bound
+    # Here the model's optimum is the true optimum: the LP value is below both it and the cost.
+    assert bound is not None and bound <= KNOWN_OPTIMA[8][budget] + 1e-9 <= cost + 1e-9
+    assert schedule.info.gap == pytest.approx((cost - bound) / cost, abs=1e-9)
+    assert schedule.info.status == ("optimal" if schedule.info.gap == 0 else "feasible")
+
+
+def test_lp_rounding_with_skips_and_extras():
+    graph = with_extras(training_graph(6, seed=3, skips=2), seed=2)
+    budget = (min_peak(graph) + store_all_peak(graph)) // 2
+    schedule = solve(graph, budget, method="ilp", mode="lp-rounding")
+    cost = check(graph, schedule, budget)
+    exact = solve(graph, budget, method="ilp")
+    assert schedule.info.lower_bound <= check(graph, exact, budget) + 1e-9 <= cost + 1e-9
+
+
+def test_lp_rounding_lower_bound_on_trap_is_the_model_s():
+    schedule = solve(trap_graph(), 4, method="ilp", mode="lp-rounding")
+    assert check(trap_graph(), schedule, 4) == 13
+    assert schedule.info.lower_bound <= 13 + 1e-9
+
+
+def test_cbc_backend_matches_highs():
+    graph = training_graph(4, seed=7, skips=1)
+    budget = (min_peak(graph) + store_all_peak(graph)) // 2
+    highs = solve(graph, budget, method="ilp")
+    cbc = solve(graph, budget, method="ilp", backend="cbc")
+    cbc_cold = solve(graph, budget, method="ilp", backend="cbc", warm_start=False)
+    assert check(graph, cbc, budget) == pytest.approx(check(graph, highs, budget))
+    assert check(graph, cbc_cold, budget) == pytest.approx(check(graph, highs, budget))
+    assert cbc_cold.info.status == "optimal"
+    with pytest.raises(Infeasible) as caught:
+        solve(graph, min_peak(graph) - 1, method="ilp", backend="cbc")
+    assert caught.value.min_budget >= min_peak(graph)
+
+
+def test_highs_without_warm_start_matches():
+    graph = training_graph(6, unit=True)
+    warm = solve(graph, 4, method="ilp")
+    cold = solve(graph, 4, method="ilp", warm_start=False)
+    optimum = min_cost_schedule(graph, 4).info.compute_cost
+    assert optimum == 18  # 13 nodes once each, 5 recomputations
+    assert check(graph, cold, 4) == check(graph, warm, 4) == optimum
+    assert cold.info.status == "optimal" and "warm start" not in cold.info.message
+
+
+def test_bad_options_and_missing_backend(monkeypatch):
+    graph = trap_graph()
+    with pytest.raises(ValueError, match="highs, cbc"):
+        solve(graph, 4, method="ilp", backend="gurobi")
+    with pytest.raises(ValueError, match="exact, lp-rounding"):
+        solve(graph, 4, method="ilp", mode="heuristic")
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "highspy" else real(name, *a))
+    with pytest.raises(SolverUnavailable, match="highspy"):
+        solve(graph, 4, method="ilp")
+
+
+def test_store_all_budget_and_empty_graph():
+    graph = training_graph(4, seed=1)
+    top = store_all_peak(graph)
+    schedule = solve(graph, top, method="ilp")
+    assert check(graph, schedule, top) == pytest.approx(sum(d["cost"] for _, d in graph.nodes(data=True)))
+    assert schedule.info.status == "optimal"
+    assert len(solve(nx.DiGraph(), 0, method="ilp")) == 0
