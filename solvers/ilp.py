@@ -1,29 +1,44 @@
 """``ilp``: Checkmate's MILP (Jain et al., MLSys 2020) on the whole DAG, solved with PuLP.
 
-Checkmate fixes the order of *first* computations to one topological order (here
-:func:`solvers.graph.topological_order`, nodes renamed ``0..n-1``) and splits the schedule into
-``n`` stages: stage ``t`` recomputes some earlier nodes in ascending index order and ends with the
-first computation of node ``t``. The paper's variables (§4, eq. numbers of the MLSys paper):
+Checkmate (§4 of the paper) fixes the order of *first* computations to one topological order
+(here :func:`solvers.graph.topological_order`, nodes renamed ``0..n-1``) and splits the schedule
+into ``n`` stages: stage ``t`` recomputes some earlier nodes in ascending index order and ends with
+the first computation of node ``t`` ("frontier-advancing" stages). Its variables:
 
-- ``R[t,i]`` (binary): node ``i`` is computed in stage ``t`` (eq. 1, the objective's terms);
-- ``S[t,i]`` (binary): ``i``'s result is held when stage ``t`` begins (checkpointed from stage t-1);
-- ``FREE[t,i,k]`` (binary): ``i`` is freed right after ``k`` is computed in stage ``t`` (§4.4,
-  eq. 5-7), for every edge ``i -> k`` and, so that a result nobody reads in the stage can go too,
-  for ``k = i``;
-- ``U[t,k]`` (continuous): memory held just after computing ``k`` in stage ``t`` (eq. 8-9).
+- ``R[t,i]`` (binary): node ``i`` is computed in stage ``t``; the objective is the sum of
+  ``cost[i] * R[t,i]``;
+- ``S[t,i]`` (binary): ``i``'s result is held when stage ``t`` begins (a checkpoint);
+- ``FREE[t,i,k]`` (binary): ``i`` is freed right after ``k`` is computed in stage ``t``, for every
+  edge ``i -> k`` and, so that a result nobody reads in the stage can go too, for ``k = i``;
+- ``U[t,k]`` (continuous): memory held just after computing ``k`` in stage ``t``.
 
-Our memory semantics are those of :func:`solvers.simulate` (SPEC.md and docs/costgraph.md), which
-are stricter than the paper's in three ways that the model honours:
+The constraint families (each block of :func:`build_model` says which): R[t,t] = 1 and the
+lower-triangular structure (fixed values, not variables); dependencies ``R[t,k] <= R[t,i] +
+S[t,i]``; conservation (a result present in a stage is kept into the next or freed once); frees
+only after the last reader in the stage; the memory recursion and the budget. The paper's
+equation numbers are not cited here: this was written from ALGORITHMS.md's summary of the model,
+not from the paper's text. Where this model departs from that summary it says why:
 
-- memory while computing ``k`` is ``held + mem[k] + workspace[k]``;
-- ``compute k`` while ``k`` is held is not allowed: ``R[t,i] + S[t,i] <= 1``;
-- ``pinned`` nodes are computed once and held from then on (``S`` fixed to 1, no ``FREE``), and
-  ``output`` nodes are held at the end (a virtual ``S[n,i] = 1``).
+- memory while computing ``k`` is ``held + mem[k] + workspace[k]`` (docs/costgraph.md);
+- ``compute k`` while ``k`` is held is not allowed (SPEC.md): ``R[t,i] + S[t,i] <= 1``;
+- ``pinned`` nodes are computed once and held from then on (``S`` fixed to 1, no ``FREE``, no
+  ``R`` after their stage), and ``output`` nodes are held at the end (a fixed ``S[n,i] = 1``);
+- the paper's product definition of ``FREE`` is written as upper bounds only (the memory budget
+  is the only thing that wants frees, so the solver sets ``FREE`` to 1 wherever allowed and it
+  helps), aggregated per reader, with no ``FREE`` after a stage's last computation (it changes no
+  memory the model counts); ``U`` is bounded below by the recursion instead of equal to it.
 
 The extracted schedule is the compute order read off ``R`` (stage by stage, ascending within a
 stage) with the frees of :func:`solvers.liveness.schedule_from_computes`, which frees every result
 at least as early as the model's ``FREE`` does; so its true peak is never above the model's. It is
-checked with :func:`solvers.simulate` in bytes before it is returned.
+checked with :func:`solvers.simulate`, in bytes, before it is returned; should the solver's
+tolerances let it overshoot, the MILP is re-solved with a tighter budget.
+
+How ``mode="exact"`` solves it: the heuristic methods (store-all, chen-greedy, dp) and the LP
+relaxation's roundings (§5 of the paper) give candidate schedules; when the cheapest the model can
+express meets the LP bound it is returned as proven optimal, otherwise it warm-starts the MILP
+(HiGHS spends most of its time looking for a first incumbent on these models).
+``mode="lp-rounding"`` stops after the roundings: for graphs too large to solve exactly.
 
 What the model cannot do (ALGORITHMS.md, "Checkmate", traps 1 and 2): other first-computation
 orders, and recomputing a node twice in one stage or out of index order. Its optimum can therefore
@@ -31,10 +46,12 @@ be above the true optimum (``exhaustive``/``cpsat``), and some budgets that othe
 are infeasible here. ``Infeasible.min_budget`` is the smallest budget *this model* can meet.
 
 Errors: :class:`~solvers.errors.Infeasible` when the model cannot meet the budget (proven by the
-solver or by a counting bound); ``TimeoutError`` when the time limit passes before any schedule
-within the budget is known (neither proven infeasible nor solved: raising ``Infeasible`` would
-claim too much); ``ValueError`` for an unknown ``backend``/``mode``; and
-:class:`~solvers.errors.SolverUnavailable` when the chosen backend is not installed.
+solver or by a counting bound), with ``min_budget`` (its message says when that minimum is not
+proven, e.g. when the time ran out: it is then the least budget found that the model meets);
+``TimeoutError`` when the time limit passes before any schedule within the budget is known and
+infeasibility is not proven either (``Infeasible`` would claim too much); ``ValueError`` for an
+unknown ``backend``/``mode``; :class:`~solvers.errors.SolverUnavailable` when the backend is
+missing.
 """
 
 from __future__ import annotations
@@ -46,13 +63,16 @@ import re
 import tempfile
 import time
 from dataclasses import dataclass, field
-from typing import Hashable, Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from .errors import Infeasible, SolverUnavailable
 from .graph import NodeCosts, node_costs, validate
 from .liveness import drop_redundant_computes, schedule_from_computes
-from .schedule import COMPUTE, FREE, Schedule, SolverInfo
+from .schedule import COMPUTE, Schedule, SolverInfo
 from .simulate import simulate
+
+if TYPE_CHECKING:  # PuLP is imported where it is used: importing solvers must stay cheap
+    import pulp
 
 BACKENDS = ("highs", "cbc")
 MODES = ("exact", "lp-rounding")
@@ -221,7 +241,7 @@ def build_model(costs: NodeCosts, budget: int | None, scales: Scales,
         return var
 
     # Which entries are variables. R[t,t] = 1 (stage t ends with t's first computation), R[t,i] = 0
-    # for i > t and S[t,i] = 0 for i >= t are fixed values, not variables (eq. 2-3); so are the
+    # for i > t and S[t,i] = 0 for i >= t are fixed values, not variables; so are the
     # pinned nodes' S (1 once computed) and R (0 after their stage).
     slots = [[i for i in range(t) if _can_recompute(costs, i, t)] + [t] for t in range(n)]
     R = {(t, i): variable(f"R_{t}_{i}") for t in range(n) for i in slots[t][:-1]}
@@ -246,7 +266,7 @@ def build_model(costs: NodeCosts, budget: int | None, scales: Scales,
     for (t, i, k) in FREE:
         frees_of.setdefault((t, i), []).append(k)
 
-    # Objective (eq. 1): total compute cost, first computations included (as a constant).
+    # Objective: total compute cost, first computations included (as a constant).
     model.objective_constant = sum(costs.cost) / scales.cost_unit
     objective = pulp.LpAffineExpression([(var, costs.cost[i] / scales.cost_unit) for (t, i), var in R.items()],
                                         constant=model.objective_constant)
@@ -256,7 +276,7 @@ def build_model(costs: NodeCosts, budget: int | None, scales: Scales,
         if (t, i) in S:
             rows.add(f"held_{t}_{i}", [(1, var), (1, S[t, i])], "<=", 1)
 
-    # Dependencies (eq. 4): k can be computed in stage t only if each input is held entering the
+    # Dependencies: k can be computed in stage t only if each input is held entering the
     # stage or computed earlier in it (ascending order within a stage makes "earlier" = smaller).
     for t in range(n):
         for k in slots[t]:
@@ -264,8 +284,8 @@ def build_model(costs: NodeCosts, budget: int | None, scales: Scales,
                 if not _is_one(s(t, i)):
                     rows.add(f"dep_{t}_{i}_{k}", [(1, r(t, k)), (-1, r(t, i)), (-1, s(t, i))], "<=")
 
-    # Conservation (eq. 5, strengthened): a result present in stage t (held entering or computed;
-    # never both) is either kept into stage t+1 or freed once, after one of its readers.
+    # Conservation (the paper's S[t+1,i] <= S[t,i] + R[t,i], strengthened): a result present in
+    # stage t (held entering or computed; never both) is kept into stage t+1 or freed once.
     for t in range(n):
         for i in range(t + 1):
             frees = frees_of.get((t, i), ())
@@ -275,10 +295,10 @@ def build_model(costs: NodeCosts, budget: int | None, scales: Scales,
             terms = [(1, keep), (-1, r(t, i)), (-1, s(t, i))] + [(1, FREE[t, i, k]) for k in frees]
             rows.add(f"keep_{t}_{i}", terms, "<=")
 
-    # Free only after the last reader (eq. 6-7): FREE[t,i,k] needs k computed in stage t, and no
-    # later reader j > k of i in stage t. Written per reader j as
-    #   R[t,j] + sum_{k < j} FREE[t,i,k] <= 1,
-    # which for binaries is the paper's product form and gives a tighter LP than one row per pair.
+    # Free only after the last reader: FREE[t,i,k] needs k computed in stage t, and no later
+    # reader j > k of i in stage t. Per reader j:  R[t,j] + sum_{k < j} FREE[t,i,k] <= 1,
+    # which for binaries is the paper's product form (linearised as upper bounds) and gives a
+    # tighter LP than one row per (k, j) pair.
     for (t, i, k), var in FREE.items():
         rows.add(f"freeafter_{t}_{i}_{k}", [(1, var), (-1, r(t, k))], "<=")
     for (t, i), ks in frees_of.items():
@@ -288,7 +308,7 @@ def build_model(costs: NodeCosts, budget: int | None, scales: Scales,
             if j in slot_set and earlier:
                 rows.add(f"lastuse_{t}_{i}_{j}", [(1, r(t, j))] + earlier, "<=", 1)
 
-    # Memory (eq. 8-9), in units of scales.mem_unit: U[t,k] is what is held right after computing
+    # Memory, in units of scales.mem_unit: U[t,k] is what is held right after computing
     # k in stage t (before its frees); the step's memory is U[t,k] + workspace[k] while computing.
     # U is only bounded from above, so the paper's equalities are written as lower bounds: the
     # same integer solutions, and HiGHS separates cuts far faster without the equality chains.
@@ -304,8 +324,8 @@ def build_model(costs: NodeCosts, budget: int | None, scales: Scales,
             if previous is None:  # entering the stage: everything checkpointed, then k's result
                 terms = [(mem[i], s(t, i)) for i in range(t)]
             else:  # what was held after the previous computation, less what was freed after it
-                terms = [(1, U[t, previous])] + [(-mem[i], FREE[t, i, previous])
-                                                 for i in (*costs.preds[previous], previous) if (t, i, previous) in FREE]
+                freed = [i for i in (*costs.preds[previous], previous) if (t, i, previous) in FREE]
+                terms = [(1, U[t, previous])] + [(-mem[i], FREE[t, i, previous]) for i in freed]
             rows.add(f"mem_{t}_{k}", [(1, U[t, k])] + [(-c, e) for c, e in terms] + [(-mem[k], r(t, k))], ">=")
             during = [(1, U[t, k]), (workspace[k], r(t, k))]
             if budget is None:
@@ -360,18 +380,18 @@ def stages_of_order(costs: NodeCosts, order: Sequence[int]) -> list[list[int]] |
 
 def model_values(model: CheckmateModel, graph, schedule: Schedule) -> dict | None:
     """Values of every model variable for ``schedule`` (a warm start), or ``None`` when the model
-    cannot express it or it breaks the model's budget.
+    cannot express its computations. (Whether they meet the model's budget is
+    :func:`_check_values`'s to say.)
 
-    The schedule's computations are kept and its frees replaced by the earliest ones
-    (:func:`schedule_from_computes`), which never hold more.
+    The schedule's computations are kept, less any whose result nobody reads, and its frees are
+    replaced by the earliest ones (:func:`schedule_from_computes`), which never hold more.
     """
     costs = model.costs
-    order = [costs.index[v] for v in schedule.computes()]
-    order = [costs.index[v] for v in drop_redundant_computes(graph, [costs.order[i] for i in order])]
-    stages = stages_of_order(costs, order)
+    nodes = drop_redundant_computes(graph, schedule.computes())
+    stages = stages_of_order(costs, [costs.index[v] for v in nodes])
     if stages is None:
         return None
-    steps = schedule_from_computes(graph, [costs.order[i] for i in order]).steps
+    steps = schedule_from_computes(graph, nodes).steps
     values: dict = {var: 0.0 for var in model.variables}
     held: set[int] = set()
     stage_of = [t for t, stage in enumerate(stages) for _ in stage]
@@ -407,7 +427,7 @@ def model_values(model: CheckmateModel, graph, schedule: Schedule) -> dict | Non
             if var is None:
                 return None
             values[var] = 1.0
-    # Memory: evaluate the recursion (eq. 8-9) with these values.
+    # Memory: evaluate the recursion of build_model with these values.
     mem = [m / model.scales.mem_unit for m in costs.mem]
     peak = 0.0
 
@@ -434,13 +454,15 @@ def model_values(model: CheckmateModel, graph, schedule: Schedule) -> dict | Non
 
 def _check_values(model: CheckmateModel, values: dict, tolerance: float = 1e-6) -> bool:
     """Whether ``values`` satisfy every constraint of the model (a guard on the warm start)."""
+    import pulp
+
     for constraint in model.rows:
         activity = sum(coefficient * values[var] for var, coefficient in constraint.items()) + constraint.constant
-        if constraint.sense == 0 and abs(activity) > tolerance:
+        if constraint.sense == pulp.LpConstraintEQ and abs(activity) > tolerance:
             return False
-        if constraint.sense == -1 and activity > tolerance:
+        if constraint.sense == pulp.LpConstraintLE and activity > tolerance:
             return False
-        if constraint.sense == 1 and activity < -tolerance:
+        if constraint.sense == pulp.LpConstraintGE and activity < -tolerance:
             return False
     return True
 
@@ -481,21 +503,26 @@ def check_backend(backend: str) -> None:
     """ValueError for an unknown backend, SolverUnavailable for a missing one."""
     if backend not in BACKENDS:
         raise ValueError(f"unknown ILP backend {backend!r}; accepted: {', '.join(BACKENDS)}")
-    try:
-        import pulp
-    except ImportError as error:
-        raise SolverUnavailable(f"the ilp method needs PuLP (pip install pulp): {error}") from error
-    if backend == "highs":
-        import importlib.util
+    import importlib
+    import importlib.util
 
-        if importlib.util.find_spec("highspy") is None:
-            raise SolverUnavailable("the 'highs' backend needs highspy (pip install highspy); or use backend='cbc'")
+    if importlib.util.find_spec("pulp") is None:
+        raise SolverUnavailable("the ilp method needs PuLP (pip install pulp)")
+    if backend == "highs":
+        try:
+            if importlib.util.find_spec("highspy") is None:
+                raise ImportError("No module named 'highspy'")
+            importlib.import_module("highspy")
+        except ImportError as error:
+            raise SolverUnavailable(f"the 'highs' backend needs highspy (pip install highspy; {error}); "
+                                    "or use backend='cbc'") from error
     elif not _cbc(msg=False).available():
         raise SolverUnavailable("the 'cbc' backend needs PuLP's bundled CBC, which is not available here; "
                                 "or use backend='highs'")
 
 
-def _highs_solver(time_limit, threads, warm: dict | None, relax: bool, gap_abs: float | None):
+def _highs_solver(time_limit, threads, warm: dict | None, relax: bool, gap_abs: float | None,
+                  target: float | None = None):
     import highspy
     import numpy as np
     import pulp
@@ -556,15 +583,17 @@ def _highs_solver(time_limit, threads, warm: dict | None, relax: bool, gap_abs: 
     options = {}
     if gap_abs is not None:
         options["mip_abs_gap"] = gap_abs
+    if target is not None:
+        options["objective_target"] = target
     return FastHighs(mip=not relax, msg=False, timeLimit=time_limit, threads=threads, **options)
 
 
-def _run_highs(model: CheckmateModel, time_limit, threads, warm, relax, gap_abs) -> Outcome:
+def _run_highs(model: CheckmateModel, time_limit, threads, warm, relax, gap_abs, target=None) -> Outcome:
     import highspy
     import pulp
 
     problem = model.problem
-    problem.solve(_highs_solver(time_limit, threads, warm, relax, gap_abs))
+    problem.solve(_highs_solver(time_limit, threads, warm, relax, gap_abs, target))
     highs = problem.solverModel
     status = highs.getModelStatus()
     info = highs.getInfo()
@@ -620,12 +649,17 @@ def _run_cbc(model: CheckmateModel, time_limit, threads, warm, relax, gap_abs) -
 
 
 def run_backend(model: CheckmateModel, backend: str, time_limit: float | None = None, threads: int | None = None,
-                warm: dict | None = None, relax: bool = False, gap_abs: float | None = None) -> Outcome:
-    """Solve ``model`` with ``backend`` ("highs" or "cbc"); ``warm`` maps variables to a start."""
+                warm: dict | None = None, relax: bool = False, gap_abs: float | None = None,
+                target: float | None = None) -> Outcome:
+    """Solve ``model`` with ``backend`` ("highs" or "cbc"); ``warm`` maps variables to a start.
+
+    ``target`` (HiGHS only): stop at the first solution whose objective is at most this.
+    """
     if time_limit is not None:
         time_limit = max(0.01, float(time_limit))
-    runner = _run_highs if backend == "highs" else _run_cbc
-    return runner(model, time_limit, threads, warm, relax, gap_abs)
+    if backend == "highs":
+        return _run_highs(model, time_limit, threads, warm, relax, gap_abs, target)
+    return _run_cbc(model, time_limit, threads, warm, relax, gap_abs)
 
 
 # --------------------------------------------------------------------------------------------
@@ -735,7 +769,7 @@ class MinimumBudget:
 
 
 def minimum_budget(graph, costs: NodeCosts, backend: str, time_limit: float | None, threads: int | None,
-                   exact: bool = True, samples: int = 16, seed: int = 0) -> MinimumBudget:
+                   exact: bool = True, samples: int = 16, seed: int = 0, stop_at: int | None = None) -> MinimumBudget:
     """The smallest budget (bytes) the model can meet.
 
     Cheap candidates first: store-all, "hold nothing across stages" (every stage recomputes what
@@ -743,6 +777,8 @@ def minimum_budget(graph, costs: NodeCosts, backend: str, time_limit: float | No
     that LP's value bound it from below. With ``exact``, the MILP minimising the peak (same
     constraints, warm-started with the best candidate) closes the gap within ``time_limit``.
     Whatever is returned is a budget the model meets; ``proven`` says whether it is the least.
+    With ``stop_at`` (bytes) the search stops at the first schedule that peaks at most that: a
+    feasibility search for a tight budget.
     """
     deadline = _Deadline(time_limit)
     scales = Scales.of(costs)
@@ -767,12 +803,15 @@ def minimum_budget(graph, costs: NodeCosts, backend: str, time_limit: float | No
             if candidate is not None and candidate.peak < best.peak:
                 best = candidate
     left = deadline.left()
-    if best.peak <= lower or not exact or (left is not None and left <= 0):
+    done = stop_at is not None and best.peak <= stop_at
+    if best.peak <= lower or done or not exact or (left is not None and left <= 0):
         return MinimumBudget(best.peak, best, best.peak <= lower)
 
     warm = model_values(model, graph, best.schedule)
+    warm = warm if warm is not None and _check_values(model, warm) else None
     # An absolute gap of half a byte: the peak is a whole number of bytes.
-    outcome = run_backend(model, backend, left, threads, warm, gap_abs=0.5 / scales.mem_unit)
+    target = None if stop_at is None else stop_at / scales.mem_unit
+    outcome = run_backend(model, backend, left, threads, warm, gap_abs=0.5 / scales.mem_unit, target=target)
     if outcome.has_solution:
         order = compute_order(model, outcome.values)
         candidate = _candidate(graph, schedule_of_order(graph, costs, order), None, "")
@@ -806,6 +845,14 @@ def _finish(found: Candidate, budget: int, status: str, bound: float | None, mes
                                        "predicted_peak_bytes": found.peak})
 
 
+def _low_memory_start(graph, costs, budget, backend, deadline, threads) -> list[Candidate]:
+    """The least-memory schedule that :func:`minimum_budget` finds without a MILP, if it fits."""
+    least = minimum_budget(graph, costs, backend, deadline.left(), threads, exact=False)
+    if least.peak > budget:
+        return []
+    return [Candidate(least.schedule.schedule, least.schedule.cost, least.peak, "a least-memory schedule")]
+
+
 def _solve_exact(graph, costs, budget, backend, deadline, threads, candidates, warm_start, samples, rng) -> Schedule:
     scales = Scales.of(costs)
     messages = []
@@ -822,6 +869,19 @@ def _solve_exact(graph, costs, budget, backend, deadline, threads, candidates, w
                                 f"the LP relaxation is infeasible at {budget} bytes", exact=True)
         lp_bound = rounded.lower_bound
         pool += [rounded.best] if rounded.best is not None else []
+        if not pool:
+            # A tight budget: nothing cheap fits. Without a start HiGHS can spend minutes before
+            # its first incumbent, while the MILP that minimises the peak, stopped at the first
+            # schedule within the budget, is a much easier feasibility problem. It also settles
+            # infeasibility when it proves the model's minimum above the budget.
+            least = minimum_budget(graph, costs, backend, deadline.left(), threads, stop_at=budget)
+            if least.peak <= budget:
+                pool.append(Candidate(least.schedule.schedule, least.schedule.cost, least.peak,
+                                      "a least-memory schedule"))
+            elif least.proven:
+                raise Infeasible(f"the MILP is infeasible at {budget} bytes; Checkmate's model (fixed first-"
+                                 f"computation order) needs at least {least.peak} bytes",
+                                 min_budget=least.peak, method="ilp")
     pool.sort(key=lambda c: c.cost)
     if pool and _proven(pool[0].cost, lp_bound):
         return _finish(pool[0], budget, "optimal", lp_bound, f"{pool[0].source} meets the LP bound")
@@ -983,9 +1043,12 @@ def _solve_lp_rounding(graph, costs, budget, backend, deadline, threads, candida
                             f"the LP relaxation is infeasible at {budget} bytes", exact=False)
     pool = [c for c in candidates if expressible(graph, costs, c.schedule)]
     pool += [rounded.best] if rounded.best is not None else []
+    pool = pool or _low_memory_start(graph, costs, budget, backend, deadline, threads)
     if not pool:
-        raise Infeasible(f"LP rounding found no schedule within {budget} bytes (the LP relaxation is feasible, "
-                         "but every rounding overshoots); mode='exact' may find one", min_budget=None, method="ilp")
+        least = minimum_budget(graph, costs, backend, deadline.left(), threads, exact=False)
+        raise Infeasible(f"LP rounding found no schedule within {budget} bytes (the LP relaxation is feasible, but "
+                         f"every rounding overshoots); the least peak it reaches is {least.peak} bytes, not proven "
+                         "minimal: mode='exact' may meet smaller budgets", min_budget=least.peak, method="ilp")
     best = min(pool, key=lambda c: c.cost)
     status = "optimal" if _proven(best.cost, rounded.lower_bound) else "feasible"
     message = f"LP relaxation + rounding ({rounded.tried} roundings); best from {best.source}"

@@ -95,7 +95,8 @@ def test_fixed_order_trap():
 def property_graphs():
     graphs = []
     for seed in range(4):
-        graphs.append((f"random{seed}", random_dag(7 + seed % 3, 0.35, seed=seed, outputs=("sinks", "last", "none")[seed % 3])))
+        outputs = ("sinks", "last", "none")[seed % 3]
+        graphs.append((f"random{seed}", random_dag(7 + seed % 3, 0.35, seed=seed, outputs=outputs)))
     graphs.append(("random-extras", with_extras(random_dag(8, 0.3, seed=11), seed=5)))
     graphs.append(("chain7", chain(7, seed=3)))
     graphs.append(("chain9-extras", with_extras(chain(9, seed=4), seed=6)))
