@@ -2,18 +2,23 @@
 
     pip install transformers
     plan-checkpoints examples/gpt2.py --budget 60%
+
+The sizes are keyword arguments, so that a batch sweep can vary them (configs/gpt2-tiny.yaml):
+``build_model(layers=..., width=..., heads=..., vocab=..., tokens=...)``,
+``example_inputs(batch=..., tokens=..., vocab=...)``.
 """
 
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
-BATCH, TOKENS = 4, 128
+BATCH, TOKENS, LAYERS, WIDTH, HEADS, VOCAB = 4, 128, 6, 256, 8, 8192
 
 
-def build_model() -> torch.nn.Module:
+def build_model(layers: int = LAYERS, width: int = WIDTH, heads: int = HEADS, vocab: int = VOCAB,
+                tokens: int = TOKENS) -> torch.nn.Module:
     torch.manual_seed(0)
     config = GPT2Config(
-        n_layer=6, n_embd=256, n_head=8, vocab_size=8192, n_positions=TOKENS, use_cache=False,
+        n_layer=layers, n_embd=width, n_head=heads, vocab_size=vocab, n_positions=tokens, use_cache=False,
         bos_token_id=0, eos_token_id=0,
     )
     model = GPT2LMHeadModel(config)
@@ -21,9 +26,9 @@ def build_model() -> torch.nn.Module:
     return model
 
 
-def example_inputs():
+def example_inputs(batch: int = BATCH, tokens: int = TOKENS, vocab: int = VOCAB):
     generator = torch.Generator().manual_seed(1)
-    ids = torch.randint(0, 8192, (BATCH, TOKENS), generator=generator)
+    ids = torch.randint(0, vocab, (batch, tokens), generator=generator)
     return {"input_ids": ids, "labels": ids}
 
 
