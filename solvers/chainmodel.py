@@ -232,6 +232,8 @@ def simulate_chain(chain: Chain, sequence: Sequence[Op], budget: int | None = No
     def outcome(error: str | None) -> ChainSimulation:
         return ChainSimulation(error is None, peak, makespan, error, state)
 
+    if budget is not None and peak > budget:
+        return outcome(f"x_0 alone needs {peak}, over the budget {budget}")
     for position, op in enumerate(sequence):
         try:
             state, during = apply_op(chain, state, op)

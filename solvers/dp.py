@@ -1,0 +1,787 @@
+"""``dp``: the heterogeneous-chain dynamic program of Beaumont, Eyraud-Dubois, Herrmann, Joly and
+Shilova, "Optimal checkpointing for heterogeneous chains: how to train deep neural networks with
+limited memory" (2019), with the fix for its overshoot and without its discretisation loss.
+
+The chain model and its memory accounting are :func:`solvers.chainmodel.simulate_chain`'s. The
+program solves, for every sub-chain ``i..l`` (``0 <= i <= l <= L``) and every memory ``m``,
+
+    C(i, l, m) = least time to turn ``x_i`` (held) and ``y_{l+1}`` (held) into ``y_i``,
+
+where ``m`` is the memory the sub-problem may use *including* ``x_i``, ``y_{l+1}`` and the
+``gout`` left by the backwards already run (stages > l, ``G[l+1] = gout[l+1] + ... + gout[L]``).
+Counting them inside ``m`` (rotor counts ``m`` without ``x_i``) makes every shift below depend on
+``i`` alone. With ``x[L+1] = 0`` (the loss has no incoming gradient):
+
+- ``C(L, L, m) = bw[L]`` if ``m >= 2 x[L] + G[L] + btmp[L]`` (op ``L``).
+- Infeasible if ``m < need(i, l) = x[i] + x[l+1] + G[l+1] + max(x[i+1] + ftmp[i],
+  max_{i<k<l} x[k] + x[k+1] + ftmp[k])`` (l > i): some run of each ``F_k`` happens then.
+- Otherwise (i < L) the min of
+  (a) store input only, for ``j`` in ``i+1..l``:
+      ``fw[i] + ... + fw[j-1] + C(j, l, m - x[i]) + C(i, j-1, m)``
+      (ops ``CF_i Fn_{i+1} .. Fn_{j-1}``, then solve ``(j, l)``, then ``(i, j-1)``);
+  (b) full history, if ``m >= x[i] + x[l+1] + G[l+1] + xbar[i+1] + ftmp[i]`` (``F_i`` with grad
+      while ``y_{l+1}`` is live: the check rotor's published code misses, ALGORITHMS.md trap 1) and
+      ``m >= 2 x[i] + xbar[i+1] + x[i+1] + G[i] + btmp[i]`` (``B_i``):
+      ``fw[i] + bw[i] + C(i+1, l, m - x[i] - xbar[i+1] + x[i+1])`` (ops ``Fe_i``, solve
+      ``(i+1, l)``, ``B_i``; ``C(i+1, i, .) = 0``).
+- Answer: ``C(0, L, budget)``, the budget counting ``x_0``.
+
+Ties between equal makespans go to the sequence with fewer forward operations (trap 3: with
+zero-time stages a plain min picks needless recomputations). Both are folded into one exact
+integer key, ``ticks(time) * W + forwards``, kept below 2**53 so float64 sums stay exact.
+
+Two engines evaluate the recurrence:
+
+- the *grid* (:func:`_grid_tables`): ``C(i, l, .)`` as an array over memory levels ``0..M``,
+  numpy-vectorised over the level and the split ``j``. Exact when the unit is 1; with a coarser
+  unit every size is rounded *up*, so the plan still fits in bytes (it may lose time).
+- the *fronts* (:func:`_front_tables`): ``C(i, l, .)`` as its exact step function of memory (the
+  budgets at which it drops and the values), one solve serving every budget, in bytes.
+
+:func:`solve_chain` picks the grid with unit 1 when the budget is small enough in the chain's unit,
+and the exact fronts otherwise, so byte-sized chains lose nothing to discretisation (the 500-slot
+rounding of rotor loses up to ~16% near tight budgets, trap 2). ``levels=`` asks for rotor's
+discretisation instead. :func:`solve_dp` runs it on a cost graph through its chain view.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Callable, Sequence
+
+import numpy as np
+
+from .chain import ChainView, chain_view
+from .chainmodel import Chain, Op, simulate_chain
+from .errors import Infeasible
+from .schedule import Schedule
+from .simulate import simulate
+from .store_all import store_all_schedule
+
+__all__ = ["Chain", "ChainPlans", "ChainResult", "Op", "min_budget", "plan_chain", "solve_chain", "solve_dp"]
+
+# The grid holds a float64 table of (L+1)^2 (M+1) entries and adds ~L^3 M / 6 of them: caps that
+# keep one solve under 160 MB and a few seconds. Exact (unit 1) grids are used up to
+# EXACT_GRID_LEVELS levels; above that the step functions are faster on chains they can handle.
+MAX_GRID_CELLS = 2e7
+MAX_GRID_WORK = 4e8
+EXACT_GRID_LEVELS = 4096
+
+
+# -- sizes and keys ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Sizes:
+    """The chain's sizes as integers in one unit, and the memory thresholds of the recurrence.
+
+    ``x`` has ``L + 2`` entries (``x[L+1] = 0``); ``G[k] = gout[k] + ... + gout[L]`` (``G[L+1] = 0``).
+    """
+
+    length: int
+    x: np.ndarray
+    xbar: np.ndarray
+    ftmp: np.ndarray
+    btmp: np.ndarray
+    gout: np.ndarray
+    G: np.ndarray
+
+    @property
+    def loss_need(self) -> int:
+        """Memory for op L: x_L, y_L, gout[L], btmp[L] (and the gout of nobody before it)."""
+        length = self.length
+        return int(2 * self.x[length] + self.G[length] + self.btmp[length])
+
+    def shift_b(self, i: int) -> int:
+        """What option (b) sets aside from its child's memory: x_i and xbar_{i+1} minus x_{i+1}."""
+        return int(self.x[i] + self.xbar[i + 1] - self.x[i + 1])
+
+    def backward_need(self, i: int) -> int:
+        """Memory while B_i runs: x_i, xbar_{i+1}, y_{i+1}, y_i, G[i] (gout[i] included), btmp[i]."""
+        return int(2 * self.x[i] + self.xbar[i + 1] + self.x[i + 1] + self.G[i] + self.btmp[i])
+
+
+def _integral(values: Sequence, name: str) -> np.ndarray:
+    array = np.asarray(values, dtype=float)
+    if not np.all(np.isfinite(array)) or np.any(array != np.round(array)):
+        raise ValueError(f"Chain.{name} must be whole numbers (bytes or another integer unit)")
+    return array.astype(np.int64)
+
+
+def _sizes(chain: Chain, unit: int = 1, down: bool = False) -> _Sizes:
+    """Sizes in ``unit``, rounded up (a plan that fits in units fits in the chain's unit), or with
+    ``down`` rounded down (every sequence that fits in the chain's unit fits in units: a relaxation,
+    whose optimum bounds the exact one from below)."""
+    length = chain.length
+
+    def rounded(values, name):
+        exact = _integral(values, name)
+        return exact // unit if down else -(-exact // unit)
+
+    x = np.append(rounded(chain.x, "x"), 0)
+    xbar = rounded(chain.xbar, "xbar")
+    if np.any(xbar[1:] < x[1 : length + 1]):
+        raise ValueError("Chain.xbar[i] includes x_i, so it must be >= x[i] (i >= 1)")
+    xbar[0] = 0
+    gout = rounded(chain.gout, "gout")
+    G = np.append(np.cumsum(gout[::-1])[::-1], 0)
+    return _Sizes(length, x, xbar, rounded(chain.ftmp, "ftmp"), rounded(chain.btmp, "btmp"), gout, G)
+
+
+def _need_table(sz: _Sizes) -> np.ndarray:
+    """need[i, l] (l > i): memory below which sub-chain (i, l) is infeasible, because one run of
+    each of F_i .. F_{l-1} happens while x_i and y_{l+1} (and G[l+1]) are held."""
+    length = sz.length
+    need = np.zeros((length + 1, length + 1), dtype=np.int64)
+    run = sz.x[:length] + sz.x[1 : length + 1] + sz.ftmp  # F_k between x_k and x_{k+1}, k < L
+    for i in range(length):
+        # Widest forward among F_i (its input x_i is counted apart) and F_{i+1} .. F_{l-1}.
+        widest = np.maximum.accumulate(np.concatenate(([sz.x[i + 1] + sz.ftmp[i]], run[i + 1 : length])))
+        need[i, i + 1 :] = sz.x[i] + sz.x[i + 2 :] + sz.G[i + 2 :] + widest
+    return need
+
+
+def _option_b_table(sz: _Sizes, need: np.ndarray) -> np.ndarray:
+    """need_b[i, l]: memory below which option (b) of sub-chain (i, l) is infeasible (i < L)."""
+    length = sz.length
+    need_b = np.zeros((length + 1, length + 1), dtype=np.int64)
+    for i in range(length):
+        grad_forward = sz.x[i] + sz.x[i + 1 :] + sz.G[i + 1 :] + sz.xbar[i + 1] + sz.ftmp[i]  # l = i..L
+        need_b[i, i:] = np.maximum(np.maximum(grad_forward, sz.backward_need(i)), need[i, i:])
+    return need_b
+
+
+@dataclass(frozen=True)
+class _Bounds:
+    """Per sub-chain memory bounds, in the sizes' unit.
+
+    ``need``/``need_b``: below them the sub-chain / its option (b) is infeasible (local checks);
+    ``least``: the exact least memory of the sub-chain (the recurrence in (min, max));
+    ``full``: the memory of its plan without recomputation (Fe everywhere), from which on the
+    sub-chain's value is that plan's key, the least of all.
+    """
+
+    need: np.ndarray
+    need_b: np.ndarray
+    least: np.ndarray
+    full: np.ndarray
+
+    @property
+    def stride(self) -> int:
+        """More than any memory a front holds plus any shift (fronts stop at ``full``)."""
+        return 2 * int(self.full.max()) + 1
+
+
+def _bounds(sz: _Sizes) -> _Bounds:
+    length = sz.length
+    need = _need_table(sz)
+    need_b = _option_b_table(sz, need)
+    # Scalars as Python ints (numpy scalar arithmetic is slow); option (a)'s rows as numpy arrays.
+    need_list, need_b_list, x = need.tolist(), need_b.tolist(), sz.x.tolist()
+    shift_b = [sz.shift_b(i) for i in range(length)]
+    least = np.zeros_like(need)  # [i, l]
+    least_by_end = np.zeros_like(need)  # [l, j] = least[j, l], so option (a)'s rows are contiguous
+    full = [[0] * (length + 1) for _ in range(length + 1)]
+    for l in range(length + 1):
+        least_i = least_by_end[l]
+        for i in range(l, -1, -1):
+            if i == length:
+                value = full[i][l] = sz.loss_need
+            elif i == l:
+                value = full[i][l] = need_b_list[i][l]
+            else:
+                full[i][l] = max(need_b_list[i][l], full[i + 1][l] + shift_b[i])
+                split = int(np.maximum(least_i[i + 1 : l + 1] + x[i], least[i, i:l]).min())
+                value = min(max(need_b_list[i][l], int(least_i[i + 1]) + shift_b[i]), max(need_list[i][l], split))
+            least[i, l] = least_i[i] = value
+    return _Bounds(need, need_b, least, np.array(full, dtype=np.int64))
+
+
+@dataclass(frozen=True)
+class _Keys:
+    """Integer-valued float64 keys: ``ticks(time) * count_base + forward ops`` per operation."""
+
+    fw: np.ndarray
+    bw: np.ndarray
+    prefix: np.ndarray  # prefix[k] = fw keys of stages 0..k-1
+    count_base: int
+    bw_prefix: np.ndarray  # bw_prefix[k] = bw keys of stages 0..k-1
+
+    def no_recomputation(self, i: int, l: int) -> float:
+        """Key of sub-chain (i, l) run with every forward once: F_i .. F_{min(l, L-1)}, B_i .. B_l."""
+        forwards = self.prefix[min(l + 1, len(self.fw))] - self.prefix[i]
+        return float(forwards + self.bw_prefix[l + 1] - self.bw_prefix[i])
+
+    def forward_run(self, i: int, j: int) -> float:
+        """Key of F_i .. F_{j-1} (the forward prefix of option (a))."""
+        return float(self.prefix[j] - self.prefix[i])
+
+
+def _keys(chain: Chain) -> _Keys:
+    length = chain.length
+    fw = np.asarray(chain.fw, dtype=float)
+    bw = np.asarray(chain.bw, dtype=float)
+    most_forwards = length * (length + 1) // 2 + length + 1
+    count_base = 1 << most_forwards.bit_length()
+    # A DP sequence runs each forward at most L+1 times: bound its makespan, then pick a power-of-two
+    # tick so that every key stays below 2**52 (exact in float64, with room for one sum).
+    worst = float(bw.sum() + (length + 1) * fw.sum())
+    ticks_available = 2.0**52 / count_base
+    tick = 2.0 ** math.ceil(math.log2(worst / ticks_available)) if worst > 0 else 1.0
+    fw_key = np.round(fw / tick) * count_base + 1
+    bw_key = np.round(bw / tick) * count_base
+    prefix = np.concatenate(([0.0], np.cumsum(fw_key)))
+    return _Keys(fw_key, bw_key, prefix, count_base, np.concatenate(([0.0], np.cumsum(bw_key))))
+
+
+# -- the grid engine ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Grid:
+    """``value[i, l, m] = C(i, l, m) + prefix[i]`` for m = 0..levels, as keys (inf: infeasible).
+
+    Adding ``prefix[i]`` (the forward keys of stages 0..i-1) folds option (a)'s forward run into
+    the table: ``prefix[j] - prefix[i] + C(j, l) + C(i, j-1) = value[j, l] + value[i, j-1] -
+    prefix[i]``, and option (b) becomes ``value[i+1, l] + bw[i]``. One table, one add per split.
+    The choices are not stored: :meth:`choice_at` re-evaluates the few cells a plan visits.
+    """
+
+    value: np.ndarray  # [i, l, m]
+    levels: int
+    sizes: _Sizes
+    keys: _Keys
+    need_b: np.ndarray
+
+    def choice_at(self, i: int, l: int, m: int) -> int:
+        """The option the fill took at (i, l, m): i for (b) (and the loss), j for (a), -1 if none."""
+        m = min(m, self.levels)
+        best = self.value[i, l, m]
+        if not np.isfinite(best):
+            return -1
+        sz = self.sizes
+        if i == sz.length or i == l:
+            return i
+        shift = sz.shift_b(i)
+        if m >= max(int(self.need_b[i, l]), shift):
+            if self.value[i + 1, l, m - shift] + self.keys.bw[i] == best:
+                return i  # the fill keeps (b) on ties
+        shift = int(sz.x[i])
+        candidates = self.value[i + 1 : l + 1, l, m - shift] + self.value[i, i:l, m]
+        return i + 1 + int(np.argmin(candidates))
+
+
+def _grid_tables(sz: _Sizes, keys: _Keys, levels: int, bounds: _Bounds) -> _Grid:
+    """Fill the table for all sub-chains: l up, and for each l, i down, so that the children
+    (j, l), j > i, and (i, l'), l' < l, come first, and the rows (., l) that option (a) reads for
+    every i stay in cache. Each row is computed only between the sub-chain's least memory (inf
+    below) and the memory of its plan without recomputation (constant above)."""
+    length, top = sz.length, levels + 1
+    value = np.empty((length + 1, length + 1, top))  # every row used is written in full below
+    scratch = np.empty((length, top))
+    for l in range(length + 1):
+        for i in range(l, -1, -1):
+            row = value[i, l]
+            low, high = min(int(bounds.least[i, l]), top), min(int(bounds.full[i, l]), top)
+            row[:low] = np.inf
+            row[high:] = keys.no_recomputation(i, l) + keys.prefix[i]
+            if low < high:
+                row[low:high] = np.inf
+                _grid_option_b(sz, keys, bounds.need_b, value, i, l, row, low, high)
+                if l > i:
+                    _grid_option_a(sz, keys, value, scratch, i, l, row, low, high)
+    return _Grid(value, levels, sz, keys, bounds.need_b)
+
+
+def _grid_option_b(sz, keys, need_b, value, i, l, row, low, high) -> None:
+    """Fe_i, (i+1, l), B_i, written into ``row[low:high]`` where it is feasible."""
+    shift = sz.shift_b(i)
+    start = max(int(need_b[i, l]), shift, low)
+    if start >= high:
+        return
+    if l == i:
+        row[start:high] = keys.prefix[i] + keys.fw[i] + keys.bw[i]
+    else:
+        np.add(value[i + 1, l, start - shift : high - shift], keys.bw[i], out=row[start:high])
+
+
+def _grid_option_a(sz, keys, value, scratch, i, l, row, low, high) -> None:
+    """min over j of CF_i Fn_{i+1..j-1}, (j, l), (i, j-1), where it beats ``row[low:high]``."""
+    shift = int(sz.x[i])  # low >= need[i, l] >= x[i]
+    candidates = scratch[: l - i, : high - low]
+    np.add(value[i + 1 : l + 1, l, low - shift : high - shift], value[i, i:l, low:high], out=candidates)
+    best = np.minimum.reduce(candidates, axis=0)
+    best -= keys.prefix[i]
+    np.minimum(row[low:high], best, out=row[low:high])
+
+
+# -- the exact engine: step functions of memory ---------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Front:
+    """A non-increasing step function of memory: value ``key[p]`` on ``[mem[p], mem[p+1])``, inf
+    below ``mem[0]``; ``choice[p]`` is the option that achieves it (as in :class:`_Grid`)."""
+
+    mem: np.ndarray  # int64, strictly increasing
+    key: np.ndarray  # float64, strictly decreasing
+    choice: np.ndarray  # int32
+
+    def at(self, m: np.ndarray) -> np.ndarray:
+        if len(self.mem) == 0:  # infeasible at every memory considered
+            return np.full(np.shape(m), np.inf)
+        position = np.searchsorted(self.mem, m, side="right") - 1
+        return np.where(position >= 0, self.key[np.maximum(position, 0)], np.inf)
+
+    def index(self, m: int) -> int:
+        return int(np.searchsorted(self.mem, m, side="right")) - 1
+
+
+_EMPTY_CHILD = _Front(np.zeros(1, dtype=np.int64), np.zeros(1), np.zeros(1, dtype=np.int32))
+
+
+def _lower_envelope(mems: list, keys: list, choices: list, top: int | None) -> _Front:
+    """The pointwise min of step functions given by their points: a point (m, k) means "value k from
+    m on", so the min at m is the least key among points at or below m (a running min). Points
+    above ``top`` are dropped: sub-chains are only ever read at memories up to the budget."""
+    mem = np.concatenate(mems)
+    key = np.concatenate(keys)
+    choice = np.concatenate(choices)
+    finite = np.isfinite(key) if top is None else np.isfinite(key) & (mem <= top)
+    mem, key, choice = mem[finite], key[finite], choice[finite]
+    order = np.lexsort((key, mem))
+    mem, key, choice = mem[order], key[order], choice[order]
+    running = np.minimum.accumulate(key)
+    keep = np.ones(len(key), dtype=bool)
+    keep[1:] = key[1:] < running[:-1]  # strictly better than everything at or below its memory
+    return _Front(mem[keep], key[keep], choice[keep].astype(np.int32))
+
+
+def _front_cell(sz: _Sizes, keys: _Keys, bounds: _Bounds, fronts: dict, i: int, l: int, top: int | None) -> _Front:
+    length = sz.length
+    if i == length:
+        return _Front(np.array([sz.loss_need], dtype=np.int64), np.array([keys.bw[length]]), np.array([length], dtype=np.int32))
+    mems, values, choices = [], [], []
+    # (b) Fe_i, (i+1, l), B_i: the child's steps shifted, and nothing below (b)'s own needs.
+    child = fronts[i + 1, l] if l > i else _EMPTY_CHILD
+    mems.append(np.maximum(child.mem + sz.shift_b(i), int(bounds.need_b[i, l])))
+    values.append(child.key + (keys.fw[i] + keys.bw[i]))
+    choices.append(np.full(len(child.mem), i, dtype=np.int32))
+    if l > i:
+        steps, value, split = _option_a_points(sz, keys, bounds, fronts, i, l)
+        mems.append(steps)
+        values.append(value)
+        choices.append(split)
+    return _lower_envelope(mems, values, choices, top)
+
+
+def _option_a_points(sz: _Sizes, keys: _Keys, bounds: _Bounds, fronts: dict, i: int, l: int):
+    """Option (a) for every split j at once: C(j, l, m - x_i) + C(i, j-1, m) + the prefix's key,
+    at every step of either summand (a step of the sum is a step of one of them).
+
+    The splits' fronts are laid end to end with ``segment * stride`` added to their memories, so
+    that one ``searchsorted`` evaluates every split's summands at its own points.
+    """
+    shift, floor = int(sz.x[i]), int(bounds.need[i, l])
+    splits = range(i + 1, l + 1)
+    tails = [fronts[j, l] for j in splits]
+    heads = [fronts[i, j - 1] for j in splits]
+    tail_sizes = np.array([len(f.mem) for f in tails])
+    head_sizes = np.array([len(f.mem) for f in heads])
+    stride = np.int64(bounds.stride)
+    segments = np.arange(len(tails), dtype=np.int64)
+    tail_at = np.concatenate([f.mem for f in tails]) + shift + np.repeat(segments, tail_sizes) * stride
+    head_at = np.concatenate([f.mem for f in heads]) + np.repeat(segments, head_sizes) * stride
+    tail_key = np.concatenate([f.key for f in tails])
+    head_key = np.concatenate([f.key for f in heads])
+    # Query points: every step of both summands, raised to the sub-chain's floor.
+    query_segment = np.concatenate((np.repeat(segments, tail_sizes), np.repeat(segments, head_sizes)))
+    base = query_segment * stride
+    query = base + np.maximum(np.concatenate((tail_at, head_at)) - base, floor)
+    value = _segment_lookup(tail_at, tail_key, query, base) + _segment_lookup(head_at, head_key, query, base)
+    value += (keys.prefix[i + 1 : l + 1] - keys.prefix[i])[query_segment]
+    return query - base, value, (query_segment + i + 1).astype(np.int32)
+
+
+def _segment_lookup(at: np.ndarray, key: np.ndarray, query: np.ndarray, base: np.ndarray) -> np.ndarray:
+    """Value of the step function whose points are ``at`` (segment-encoded) at each query, inf where
+    the query's segment has no point at or below it."""
+    if len(at) == 0:
+        return np.full(len(query), np.inf)
+    position = np.searchsorted(at, query, side="right") - 1
+    safe = np.maximum(position, 0)
+    return np.where((position >= 0) & (at[safe] >= base), key[safe], np.inf)
+
+
+@dataclass(frozen=True)
+class _Fronts:
+    fronts: dict
+
+    def choice_at(self, i: int, l: int, m: int) -> int:
+        front = self.fronts[i, l]
+        position = front.index(m)
+        return int(front.choice[position]) if position >= 0 else -1
+
+
+def _front_tables(sz: _Sizes, keys: _Keys, bounds: _Bounds, top: int | None = None) -> _Fronts:
+    """Every sub-chain's step function, exact; only up to memory ``top`` when given (cheaper)."""
+    fronts: dict = {}
+    for i in range(sz.length, -1, -1):
+        for l in range(i, sz.length + 1):
+            fronts[i, l] = _front_cell(sz, keys, bounds, fronts, i, l, top)
+    return _Fronts(fronts)
+
+
+# -- sequences --------------------------------------------------------------------------------------
+
+
+def _sequence(choice_at: Callable[[int, int, int], int], sz: _Sizes, memory: int) -> list[Op]:
+    """Unfold the choices of sub-chain (0, L) at ``memory`` into operations (iteratively: chains
+    can be deeper than Python's recursion limit)."""
+    length = sz.length
+    ops: list[Op] = []
+    pending: list = [(0, length, memory)]  # a stack: sub-problems to unfold and ops to emit
+    while pending:
+        item = pending.pop()
+        if isinstance(item, Op):
+            ops.append(item)
+            continue
+        i, l, m = item
+        j = choice_at(i, l, m)
+        if j < 0:
+            raise AssertionError(f"dp: sub-chain ({i}, {l}) has no plan at memory {m}")
+        if i == length:
+            ops.append(Op("L", length))
+        elif j == i:
+            ops.append(Op("Fe", i))
+            pending.append(Op("B", i))
+            if l > i:
+                pending.append((i + 1, l, m - sz.shift_b(i)))
+        else:
+            ops.append(Op("CF", i))
+            ops.extend(Op("Fn", k) for k in range(i + 1, j))
+            pending.append((i, j - 1, m))
+            pending.append((j, l, m - int(sz.x[i])))
+    return ops
+
+
+# -- the public API ---------------------------------------------------------------------------------
+
+# Exact step functions cost ~L^4: up to this many stages they take ~2 s or less (docs/solvers.md).
+FRONTS_MAX_STAGES = 40
+
+
+@dataclass(frozen=True)
+class ChainResult:
+    """A sequence for a budget: ``makespan`` (sum of op times), ``sequence`` (list of Op), ``peak``
+    (its memory in the chain model, x_0 included), the ``budget`` asked for (chain unit), the
+    memory ``unit`` the program ran in, the ``engine`` (``grid``, ``fronts``, or ``least-memory``
+    where rounding left no plan) and ``exact``: optimal in the chain model (not only up to the
+    discretisation)."""
+
+    makespan: float
+    sequence: list
+    peak: int
+    budget: int
+    unit: int = 1
+    engine: str = "grid"
+    exact: bool = True
+    lower_bound: float | None = None  # proven bound on the exact optimum (the makespan when exact)
+
+    def __post_init__(self):
+        if self.exact and self.lower_bound is None:
+            object.__setattr__(self, "lower_bound", self.makespan)
+
+    @property
+    def recomputations(self) -> int:
+        """Forward operations beyond one per stage."""
+        forwards = [op.stage for op in self.sequence if op.kind in ("CF", "Fn", "Fe")]
+        return len(forwards) - len(set(forwards))
+
+
+def min_budget(chain: Chain) -> int:
+    """The least budget (chain unit, x_0 included) at which the chain has a valid sequence.
+
+    The recurrence with (min, +) replaced by (min, max) over memory: exact, O(L^3) on scalars.
+    """
+    return int(_bounds(_sizes(chain)).least[0, chain.length])
+
+
+@dataclass(frozen=True)
+class _LeastMemory:
+    """The plan of least memory, unfolded from the (min, max) recurrence (memory is ignored)."""
+
+    sizes: _Sizes
+    bounds: _Bounds
+
+    def choice_at(self, i: int, l: int, m: int) -> int:
+        sz, least = self.sizes, self.bounds.least
+        if i == sz.length or i == l:
+            return i
+        if max(int(self.bounds.need_b[i, l]), int(least[i + 1, l]) + sz.shift_b(i)) == least[i, l]:
+            return i
+        splits = np.maximum(least[i + 1 : l + 1, l] + sz.x[i], least[i, i:l])
+        return i + 1 + int(np.argmin(splits))
+
+
+@dataclass
+class ChainPlans:
+    """A chain solved once for every budget (:func:`plan_chain`); :meth:`plan` reads one off.
+
+    ``engine``: ``"grid"`` (arrays over memory levels of ``unit``) or ``"fronts"`` (exact step
+    functions in the chain's unit). Budgets up to ``top`` (chain unit; None: all) are covered.
+    ``min_budget`` is exact.
+    """
+
+    chain: Chain
+    engine: str
+    unit: int
+    min_budget: int
+    top: int | None
+    sizes: _Sizes = field(repr=False)
+    table: object = field(repr=False)
+    exact_sizes: _Sizes = field(repr=False)
+    exact_bounds: _Bounds = field(repr=False)
+
+    def budgets(self) -> list[int]:
+        """Budgets (chain unit) at which the optimum changes, from the least: one plan each."""
+        if self.engine == "fronts":
+            return [int(m) for m in self.table.fronts[0, self.chain.length].mem]
+        row = self.table.value[0, self.chain.length]
+        changes = np.flatnonzero(np.isfinite(row) & np.concatenate(([True], row[1:] != row[:-1])))
+        return [int(m) * self.unit for m in changes]
+
+    def plan(self, budget: int) -> ChainResult:
+        """The best sequence whose peak is at most ``budget`` (chain unit, x_0 included).
+
+        Optimal unless the grid's unit is above 1: then the plans of the levels from
+        ``budget // unit`` up are tried against the exact sizes (rounding up leaves slack), and
+        where rounding leaves no plan at all, the least-memory plan is returned.
+        """
+        if budget < self.min_budget:
+            raise _infeasible(budget, self.min_budget)
+        length = self.chain.length
+        if self.top is not None and budget > self.top:
+            if self.top < self.exact_bounds.full[0, length]:
+                raise ValueError(f"these plans cover budgets up to {self.top}; solve again for {budget}")
+            budget = self.top  # from `full` on, the plan without recomputation is the best
+        memory = int(budget) // self.unit
+        if self.unit == 1:
+            return self._result(_sequence(self.table.choice_at, self.sizes, memory), budget, exact=True)
+        best = None
+        for level in _levels_to_try(memory, self.table.levels):
+            if self.table.choice_at(0, length, level) < 0:
+                continue
+            sequence = _sequence(self.table.choice_at, self.sizes, level)
+            outcome = simulate_chain(self.chain, sequence, budget)
+            if outcome.valid and (best is None or outcome.makespan < best[0]):
+                best = (outcome.makespan, sequence)
+        if best is None:
+            least = _LeastMemory(self.exact_sizes, self.exact_bounds)
+            return self._result(_sequence(least.choice_at, self.exact_sizes, 0), budget, False, "least-memory")
+        return self._result(best[1], budget, exact=False)
+
+    def _result(self, sequence: list, budget: int, exact: bool, engine: str | None = None) -> ChainResult:
+        outcome = simulate_chain(self.chain, sequence, budget)
+        if not outcome.valid:
+            raise AssertionError(f"dp produced an invalid sequence: {outcome.error}")
+        return ChainResult(outcome.makespan, sequence, outcome.peak, int(budget), self.unit, engine or self.engine, exact)
+
+
+def _levels_to_try(start: int, top: int) -> list[int]:
+    """``start`` and a geometric walk above it to ``top``: plans above the nominal level may
+    still fit in exact sizes, and the best of them is what rounding would otherwise lose."""
+    levels, step = [start], 1
+    while start + step <= top:
+        levels.append(start + step)
+        step *= 2
+    return levels
+
+
+def _infeasible(budget: int, least: int) -> Infeasible:
+    return Infeasible(
+        f"the chain needs at least {least} (x_0 included) for any sequence; the budget is {budget}",
+        min_budget=least,
+        method="dp",
+    )
+
+
+def grid_levels_cap(length: int) -> int:
+    """The most memory levels the grid engine uses for a chain of ``length`` stages."""
+    stages = length + 1
+    by_cells = MAX_GRID_CELLS / (stages * stages)
+    by_work = MAX_GRID_WORK / max(1.0, stages**3 / 6)
+    return int(max(1, min(by_cells, by_work)))
+
+
+def plan_chain(chain: Chain, top: int | None = None, *, levels: int | None = None) -> ChainPlans:
+    """Solve ``chain`` once for every budget up to ``top`` (chain unit; None: every budget).
+
+    - ``levels=None`` (automatic): the grid in the chain's own unit (exact) when ``top`` is at
+      most :data:`EXACT_GRID_LEVELS` and :func:`grid_levels_cap`; else the exact step functions
+      (up to ``top``) when the chain has at most :data:`FRONTS_MAX_STAGES` stages or ``top`` is
+      None; else the grid at the finest unit the cap allows (``ceil(top / cap)``), sizes rounded up.
+    - ``levels=K``: rotor's discretisation, the grid over K levels of ``unit = ceil(top / K)``,
+      sizes rounded up (plans fit; they may cost more near tight budgets).
+    """
+    exact_sizes = _sizes(chain)
+    exact_bounds = _bounds(exact_sizes)
+    least = int(exact_bounds.least[0, chain.length])
+    keys = _keys(chain)
+    cap = grid_levels_cap(chain.length)
+    if top is not None and top < 0:
+        raise ValueError(f"top must be >= 0, got {top}")
+    exact_grid = top is not None and top <= min(cap, EXACT_GRID_LEVELS)
+    if levels is None and (top is None or (not exact_grid and chain.length <= FRONTS_MAX_STAGES)):
+        return _exact_plans(chain, top, exact_sizes, exact_bounds, keys)
+    unit = max(1, -(-int(top) // int(levels if levels is not None else cap)))
+    if unit == 1:
+        sizes, bounds, top_level = exact_sizes, exact_bounds, int(top)
+    else:
+        sizes = _sizes(chain, unit)
+        bounds = _bounds(sizes)
+        # Room above the nominal level: each of the <= 3(L+1) sizes held at once rounds up by < 1.
+        top_level = int(top) // unit + 3 * (chain.length + 1)
+    grid = _grid_tables(sizes, keys, top_level, bounds)
+    return ChainPlans(chain, "grid", unit, least, int(top), sizes, grid, exact_sizes, exact_bounds)
+
+
+def _exact_plans(chain: Chain, top: int | None, sizes: _Sizes, bounds: _Bounds, keys: _Keys) -> ChainPlans:
+    """The exact step functions, up to ``top`` (all budgets when None)."""
+    fronts = _front_tables(sizes, keys, bounds, top)
+    return ChainPlans(chain, "fronts", 1, int(bounds.least[0, chain.length]), top, sizes, fronts, sizes, bounds)
+
+
+def _relaxed_makespan(chain: Chain, budget: int, unit: int) -> float:
+    """The optimum with sizes rounded down to ``unit``: a lower bound on the exact optimum."""
+    sizes = _sizes(chain, unit, down=True)
+    bounds = _bounds(sizes)
+    level = int(budget) // unit
+    if bounds.least[0, chain.length] > level:
+        return math.inf  # cannot happen when budget >= the exact least; kept for safety
+    grid = _grid_tables(sizes, _keys(chain), level, bounds)
+    return chain.makespan(_sequence(grid.choice_at, sizes, level))
+
+
+def solve_chain(chain: Chain, budget: int, *, levels: int | None = None, tolerance: float = 0.01) -> ChainResult:
+    """The least-makespan sequence of ``chain`` whose peak (x_0 included) is at most ``budget``.
+
+    Automatic (``levels=None``): exact for chains of up to :data:`FRONTS_MAX_STAGES` stages or
+    budgets of up to :data:`EXACT_GRID_LEVELS` units. Longer chains in bytes are solved on the finest
+    grid the cap allows and certified against a lower bound (sizes rounded down); when the
+    certified gap exceeds ``tolerance`` the exact step functions (truncated at the budget) decide.
+    So the result is within ``tolerance`` of the exact optimum; ``result.lower_bound`` says how
+    close. ``levels=K`` uses rotor's K-level discretisation as is. Raises
+    :class:`~solvers.errors.Infeasible` with ``min_budget`` (the chain's unit) below the least
+    budget at which the chain has any valid sequence.
+    """
+    if budget < 0:
+        raise ValueError(f"budget must be >= 0, got {budget}")
+    plans = plan_chain(chain, budget, levels=levels)
+    result = plans.plan(budget)
+    if result.exact or levels is not None:
+        return result
+    bound = _relaxed_makespan(chain, budget, plans.unit)
+    if result.makespan <= (1 + tolerance) * bound:
+        return replace(result, lower_bound=bound)
+    exact = _exact_plans(chain, int(budget), plans.exact_sizes, plans.exact_bounds, _keys(chain))
+    return exact.plan(budget)
+
+
+# -- graphs -----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Lowered:
+    """One chain plan lowered to the graph: its schedule and what the simulator says of it."""
+
+    chain_budget: int
+    schedule: Schedule
+    peak: int
+    cost: float
+
+
+def _lower(view: ChainView, plans: ChainPlans, chain_budget: int, graph) -> _Lowered:
+    sequence = plans.plan(chain_budget).sequence
+    schedule = view.lower(sequence)
+    outcome = simulate(graph, schedule)
+    if not outcome.valid:
+        raise AssertionError(f"dp: a lowered chain plan is not a valid schedule: {outcome.error}")
+    return _Lowered(chain_budget, schedule, outcome.peak_bytes, outcome.compute_cost)
+
+
+def _search(view: ChainView, plans: ChainPlans, budget: int, graph) -> tuple[_Lowered | None, _Lowered]:
+    """The cheapest plan whose lowered peak fits ``budget``, and the least-memory plan lowered.
+
+    Plans are indexed by the chain budgets at which the optimum changes (cheaper as they grow).
+    The chain model over-counts what the graph holds, so a plan whose chain budget exceeds
+    ``budget - reserved`` may still fit: bisect over all of them on "the lowered peak fits",
+    and keep the cheapest fitting plan among those tried (peaks are not always monotone).
+    """
+    breakpoints = plans.budgets()
+    tried: dict[int, _Lowered] = {}
+
+    def lowered(index: int) -> _Lowered:
+        if index not in tried:
+            tried[index] = _lower(view, plans, breakpoints[index], graph)
+        return tried[index]
+
+    least = lowered(0)
+    if least.peak > budget:
+        return None, least
+    low, high = 0, len(breakpoints) - 1  # invariant: plan `low` fits
+    while low < high:
+        middle = (low + high + 1) // 2
+        if lowered(middle).peak <= budget:
+            low = middle
+        else:
+            high = middle - 1
+    fitting = [plan for plan in tried.values() if plan.peak <= budget]
+    return min(fitting, key=lambda plan: (plan.cost, plan.peak)), least
+
+
+def solve_dp(graph, budget: int, time_limit: float | None = None, levels: int | None = None, **options) -> Schedule:
+    """``dp`` on a cost graph: Beaumont et al.'s program on the chain view (solvers/chain.py).
+
+    Store-all when it fits (status ``optimal``). Otherwise the chain is solved once for every
+    budget (exactly, or on ``levels`` memory levels when given), and the cheapest plan whose
+    lowered schedule's simulated peak fits ``budget`` is returned (status ``heuristic``: optimal
+    only in the chain model, whose sizes bound the graph's from above). Raises
+    :class:`Infeasible` with ``min_budget`` = the simulated peak of the least-memory chain plan,
+    lowered. ``time_limit`` is accepted and unused.
+    """
+    if options:
+        raise TypeError(f"dp: unknown option(s) {sorted(options)}; it accepts levels=")
+    store_all = store_all_schedule(graph)
+    outcome = simulate(graph, store_all)
+    if outcome.peak_bytes <= budget:
+        return store_all.with_info(
+            status="optimal", gap=0.0, lower_bound=outcome.compute_cost,
+            message="dp: store-all fits the budget, no recomputation needed",
+        )
+    view = chain_view(graph)
+    chain = view.chain()
+    # Above the plan without recomputation nothing changes: solve up to it, once.
+    top = int(_bounds(_sizes(chain)).full[0, chain.length])
+    plans = plan_chain(chain, top, levels=levels)
+    best, least = _search(view, plans, budget, graph)
+    if best is None:
+        # Store-all is this method's plan too, should it need less than every chain plan.
+        reach = min(least.peak, outcome.peak_bytes)
+        raise Infeasible(
+            f"dp: the least-memory plan on the chain view ({view.length} stages) peaks at {least.peak} "
+            f"bytes and store-all at {outcome.peak_bytes}; the budget is {budget} bytes",
+            min_budget=reach,
+            method="dp",
+        )
+    if best.cost >= outcome.compute_cost and best.peak > outcome.peak_bytes:
+        raise AssertionError("dp: a chain plan that recomputes nothing should be store-all")
+    engine = f"{plans.engine}, unit {plans.unit}" if plans.unit != 1 else plans.engine
+    return best.schedule.with_info(
+        status="heuristic",
+        message=(
+            f"dp: optimal in the heterogeneous chain model ({view.length} stages, {engine}) at chain budget "
+            f"{best.chain_budget} bytes + {view.reserved_bytes} reserved; the graph's schedule is not proven optimal"
+        ),
+    )
