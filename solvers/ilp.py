@@ -479,9 +479,14 @@ class Outcome:
     has_solution: bool
     optimal: bool
     infeasible: bool
+    stopped: bool = False  # a time (or other) limit ended the search before it concluded
     objective: float | None = None
     bound: float | None = None
     values: dict = field(default_factory=dict)
+
+
+# The size of HiGHS's process-wide thread pool as this module last set it (None: never set).
+_highs_threads: int | None = None
 
 
 def _cbc(**options):
@@ -573,11 +578,18 @@ def _highs_solver(time_limit, threads, warm: dict | None, relax: bool, gap_abs: 
                                              np.full(len(integers), int(highspy.HighsVarType.kInteger), dtype=np.uint8))
 
         def callSolver(self, lp):
+            global _highs_threads
             if warm:
                 variables = lp.variables()
                 index = np.array([var.index for var in variables], dtype=np.int32)
                 value = np.array([warm.get(var, 0.0) for var in variables], dtype=np.float64)
                 lp.solverModel.setSolution(len(index), index, value)
+            if threads is not None and threads != _highs_threads:
+                # HiGHS keeps one thread pool per process, sized by the first run; a run asking
+                # for another size fails ("global scheduler has already been initialized")
+                # unless the pool is rebuilt first.
+                highspy.Highs.resetGlobalScheduler(True)
+                _highs_threads = threads
             lp.solverModel.run()
 
     options = {}
@@ -597,9 +609,15 @@ def _run_highs(model: CheckmateModel, time_limit, threads, warm, relax, gap_abs,
     highs = problem.solverModel
     status = highs.getModelStatus()
     info = highs.getInfo()
-    infeasible = status in (highspy.HighsModelStatus.kInfeasible, highspy.HighsModelStatus.kUnboundedOrInfeasible)
+    kinds = highspy.HighsModelStatus
+    infeasible = status in (kinds.kInfeasible, kinds.kUnboundedOrInfeasible)
     has_solution = not infeasible and info.primal_solution_status == 2  # kSolutionStatusFeasible
-    outcome = Outcome(has_solution, status == highspy.HighsModelStatus.kOptimal and has_solution, infeasible)
+    stopped = status in (kinds.kTimeLimit, kinds.kIterationLimit, kinds.kSolutionLimit, kinds.kInterrupt,
+                         kinds.kObjectiveTarget, kinds.kObjectiveBound, kinds.kMemoryLimit)
+    if not (has_solution or infeasible or stopped or status == kinds.kOptimal):
+        raise RuntimeError(f"ilp: HiGHS failed on the model (status {status.name}); run with backend='cbc', "
+                           "or check HiGHS's log (e.g. a 'threads' option HiGHS refused)")
+    outcome = Outcome(has_solution, status == kinds.kOptimal and has_solution, infeasible, stopped)
     if has_solution:
         outcome.values = {var: var.varValue for var in model.variables}
         outcome.objective = pulp.value(problem.objective)
@@ -630,7 +648,11 @@ def _run_cbc(model: CheckmateModel, time_limit, threads, warm, relax, gap_abs) -
             log = handle.read()
     infeasible = problem.status == pulp.LpStatusInfeasible
     has_solution = problem.sol_status in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible)
-    outcome = Outcome(has_solution, problem.sol_status == pulp.LpSolutionOptimal, infeasible)
+    stopped = problem.status == pulp.LpStatusNotSolved  # CBC's "Stopped on time": with or without a solution
+    if not (has_solution or infeasible or stopped):
+        raise RuntimeError(f"ilp: CBC failed on the model (status {pulp.LpStatus[problem.status]}); "
+                           "run with backend='highs'")
+    outcome = Outcome(has_solution, problem.sol_status == pulp.LpSolutionOptimal, infeasible, stopped)
     if has_solution:
         outcome.values = {var: var.varValue for var in model.variables}
         outcome.objective = pulp.value(problem.objective)
@@ -900,6 +922,8 @@ def _solve_exact(graph, costs, budget, backend, deadline, threads, candidates, w
         if lp_bound is not None:
             bound = lp_bound if bound is None else max(bound, lp_bound)
         if not outcome.has_solution:
+            if not outcome.stopped:  # neither a solution, nor infeasible, nor out of time
+                raise RuntimeError(f"ilp: the {backend} backend ended without a verdict on the MILP")
             if started_from is not None:  # the backend dropped the start; it is still a valid answer
                 messages.append("time limit reached; returning the warm start")
                 return _finish(started_from, budget, "feasible", bound, "; ".join(messages))

@@ -223,28 +223,25 @@ def test_backend_accepts_the_warm_start(backend):
 
 
 def test_time_limit_returns_incumbent_with_gap():
-    graph = training_graph(22, seed=1)
-    budget = 30
-    schedule = solve(graph, budget, method="ilp", time_limit=2)
+    # A budget at which HiGHS needs ~20 CPU seconds to prove optimality (this machine): stopped
+    # after 3, it returns its incumbent with the proven gap.
+    graph = training_graph(20, seed=1)
+    budget = 24
+    schedule = solve(graph, budget, method="ilp", time_limit=3)
     cost = check(graph, schedule, budget)
-    assert schedule.info.status in ("optimal", "feasible")
-    assert schedule.info.gap is not None and schedule.info.lower_bound is not None
-    assert schedule.info.lower_bound <= cost + 1e-9
-    assert schedule.info.gap == pytest.approx(max(0.0, (cost - schedule.info.lower_bound) / cost), abs=1e-9)
-    if schedule.info.status == "optimal":
-        assert schedule.info.gap == 0.0
+    info = schedule.info
+    assert info.status == "feasible" and "time limit" in info.message
+    assert info.lower_bound is not None and 0 < info.lower_bound < cost
+    assert info.gap == pytest.approx((cost - info.lower_bound) / cost)
+    assert 0 < info.gap < 0.5
+    assert info.lower_bound <= 141 + 1e-9 <= cost  # 141: the proven optimum (solved without a limit)
 
 
 def test_time_limit_without_incumbent_raises_timeout():
     graph = training_graph(22, seed=1)
     # No warm start and no time to solve: neither a schedule nor a proof of infeasibility.
-    try:
-        schedule = ilp.solve_ilp(graph, 30, time_limit=0.01, warm_start=False)
-    except TimeoutError as error:
-        assert "time limit" in str(error)
-    else:  # HiGHS found a schedule in its first hundredth of a second: it must still be right
-        check(graph, schedule, 30)
-        assert schedule.info.status in ("optimal", "feasible")
+    with pytest.raises(TimeoutError, match="time limit"):
+        ilp.solve_ilp(graph, 30, time_limit=0.01, warm_start=False)
 
 
 @pytest.mark.parametrize("budget", [4, 6])
@@ -296,6 +293,14 @@ def test_highs_without_warm_start_matches():
     assert optimum == 18  # 13 nodes once each, 5 recomputations
     assert check(graph, cold, 4) == check(graph, warm, 4) == optimum
     assert cold.info.status == "optimal" and "warm start" not in cold.info.message
+
+
+def test_thread_counts_can_change_between_solves():
+    # HiGHS sizes one thread pool per process; a later solve with another size must still work.
+    graph = training_graph(6, unit=True)
+    for threads in (1, 2, 1):
+        schedule = solve(graph, 4, method="ilp", threads=threads, warm_start=False)
+        assert check(graph, schedule, 4) == 18 and schedule.info.status == "optimal"
 
 
 def test_bad_options_and_missing_backend(monkeypatch):
