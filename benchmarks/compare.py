@@ -1,0 +1,272 @@
+"""Measure plan-checkpoints against what users pick today, on this machine, in one run per model.
+
+    python benchmarks/compare.py --models gpt2,residual-mlp [--rounds 7] [--out docs/benchmarks]
+
+For each model: no checkpointing; the baselines it supports (Hugging Face per-layer checkpointing,
+checkpoint_sequential with sqrt(N) segments); torch.compile with activation_memory_budget 1.0, 0.5,
+0.1 (compile time reported apart); our plans with every solver over a sweep of budgets, and our best
+plan at the measured peak of each baseline. Peaks are measured by profiler.measure_step (the CPU
+allocator's events replayed; max_memory_allocated on CUDA), step times are medians of --rounds
+timed steps after a warm-up, with all methods interleaved round by round because these machines
+drift; ratios are to no checkpointing in the same run. Writes a Markdown table and a PNG per model
+and the raw results as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import gc
+import json
+import os
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+
+import planner  # noqa: E402
+import profiler  # noqa: E402
+from models import BENCHMARKS, Benchmark  # noqa: E402
+from planner.plan import write_atomic  # noqa: E402
+
+MiB = 2**20
+SOLVERS = ["chen-sqrtn", "chen-greedy", "revolve", "dp", "ilp", "cpsat"]
+COMPILE_RATIOS = [1.0, 0.5, 0.1]
+
+
+@dataclass
+class Row:
+    method: str
+    kind: str  # "none", "baseline", "compile", "plan", "matched"
+    budget_bytes: int | None = None
+    budget_label: str = ""
+    predicted_peak: int | None = None
+    measured_peak: int | None = None
+    predicted_seconds: float | None = None
+    measured_seconds: float | None = None
+    times: list[float] = field(default_factory=list)
+    planning_seconds: float | None = None
+    compile_seconds: float | None = None
+    status: str = ""
+    gap: float | None = None
+    note: str = ""
+
+
+def _step(module, inputs, loss_fn):
+    for p in module.parameters():
+        p.grad = None
+    output = module(**inputs) if isinstance(inputs, dict) else module(*inputs)
+    loss_fn(output).backward()
+
+
+def _timed_step(module, inputs, loss_fn) -> float:
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+    sync()
+    start = time.perf_counter()
+    _step(module, inputs, loss_fn)
+    sync()
+    return time.perf_counter() - start
+
+
+def _fresh(bench: Benchmark, base: torch.nn.Module) -> torch.nn.Module:
+    """A copy with the same weights, for baselines that change the model they are given."""
+    model = copy.deepcopy(base)
+    model.train()
+    return model
+
+
+def _compiled(bench: Benchmark, base, ratio: float, inputs):
+    model = _fresh(bench, base)
+    compiled = torch.compile(model)
+    started = time.perf_counter()
+    with torch._functorch.config.patch(activation_memory_budget=ratio):
+        _step(compiled, inputs, bench.loss_fn)  # compiles forward and backward
+    return compiled, time.perf_counter() - started
+
+
+def _plan_row(method: str, kind: str, plan, label: str, planning: float) -> Row:
+    info = plan.schedule.info
+    return Row(method, kind, plan.budget_bytes, label, plan.predicted_peak_bytes, None, plan.predicted_seconds,
+               planning_seconds=planning, status=info.status, gap=info.gap, note=info.message[:120])
+
+
+def run_model(name: str, rounds: int, fractions: list[float], solvers: list[str], time_limit: float,
+              with_compile: bool) -> dict:
+    bench = BENCHMARKS[name]
+    torch.manual_seed(0)
+    base = bench.build()
+    base.train()
+    inputs = bench.inputs()
+    modules: dict[str, torch.nn.Module] = {"none": base}
+    rows: dict[str, Row] = {"none": Row("none", "none")}
+
+    started = time.perf_counter()
+    prof = profiler.profile(base, inputs, loss_fn=bench.loss_fn)
+    profile_seconds = time.perf_counter() - started
+    unplanned = planner.plan(base, inputs, budget="100%", solver="store-all", profile=prof)
+    rows["none"].predicted_peak = unplanned.predicted_peak_bytes
+    rows["none"].predicted_seconds = unplanned.predicted_seconds
+
+    for baseline, make in bench.baselines.items():
+        modules[baseline] = make(_fresh(bench, base))
+        rows[baseline] = Row(baseline, "baseline")
+    if with_compile:
+        for ratio in COMPILE_RATIOS:
+            key = f"compile-{ratio:g}"
+            modules[key], seconds = _compiled(bench, base, ratio, inputs)
+            rows[key] = Row(key, "compile", compile_seconds=seconds, note=f"activation_memory_budget={ratio:g}")
+
+    for solver in solvers:
+        for fraction in fractions:
+            key = f"{solver}@{fraction:.0%}"
+            started = time.perf_counter()
+            try:
+                plan = planner.plan(base, inputs, budget=f"{fraction * 100:g}%", solver=solver,
+                                    time_limit=time_limit, profile=prof)
+            except planner.BudgetInfeasible as error:
+                rows[key] = Row(key, "plan", budget_label=f"{fraction:.0%}", status="infeasible",
+                                note=f"min {error.min_budget / MiB:.1f} MiB")
+                continue
+            rows[key] = _plan_row(key, "plan", plan, f"{fraction:.0%}", time.perf_counter() - started)
+            modules[key] = planner.apply(base, plan)
+
+    # Measured peaks, one method at a time (the allocator's events, independent of any plan).
+    for key, module in modules.items():
+        gc.collect()
+        rows[key].measured_peak = profiler.measure_step(module, inputs, loss_fn=bench.loss_fn, repeats=1).peak_bytes
+
+    # Our best plan at each baseline's measured peak.
+    best_solver = "auto"
+    for key in [k for k, r in rows.items() if r.kind in ("baseline", "compile")]:
+        match = f"ours@{key}"
+        budget = rows[key].measured_peak
+        started = time.perf_counter()
+        try:
+            plan = planner.plan(base, inputs, budget=budget, solver=best_solver, time_limit=time_limit, profile=prof)
+        except planner.BudgetInfeasible as error:
+            rows[match] = Row(match, "matched", budget, key, status="infeasible", note=f"min {error.min_budget / MiB:.1f} MiB")
+            continue
+        rows[match] = _plan_row(match, "matched", plan, key, time.perf_counter() - started)
+        modules[match] = planner.apply(base, plan)
+        gc.collect()
+        rows[match].measured_peak = profiler.measure_step(modules[match], inputs, loss_fn=bench.loss_fn,
+                                                          repeats=1).peak_bytes
+
+    # Step times: every method once per round, interleaved; the first round warms up.
+    for round_index in range(rounds + 1):
+        for key, module in modules.items():
+            seconds = _timed_step(module, inputs, bench.loss_fn)
+            if round_index:
+                rows[key].times.append(seconds)
+    for row in rows.values():
+        if row.times:
+            row.measured_seconds = statistics.median(row.times)
+    return {
+        "model": name,
+        "parameters": sum(p.numel() for p in base.parameters()),
+        "nodes": prof.graph.number_of_nodes(),
+        "granularity": prof.granularity,
+        "profile_seconds": profile_seconds,
+        "rounds": rounds,
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "rows": [asdict(r) for r in rows.values()],
+    }
+
+
+def _fmt(value, scale=1.0, digits=1, suffix=""):
+    return "" if value is None else f"{value / scale:.{digits}f}{suffix}"
+
+
+def markdown(result: dict) -> str:
+    rows = result["rows"]
+    none = next(r for r in rows if r["kind"] == "none")
+    lines = [
+        f"### {result['model']}",
+        "",
+        f"{result['parameters'] / 1e6:.1f}M parameters; cost graph of {result['nodes']} nodes ({result['granularity']}), "
+        f"profiled in {result['profile_seconds']:.0f} s; step times are medians of {result['rounds']} interleaved "
+        f"rounds on {result['threads']} threads, torch {result['torch']}.",
+        "",
+        "| method | budget | predicted peak (MiB) | measured peak (MiB) | peak vs none | predicted step (s) | measured step (s) | step vs none | planning (s) | status |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        peak_ratio = _fmt(r["measured_peak"] / none["measured_peak"] if r["measured_peak"] else None, 1, 2, "x")
+        time_ratio = _fmt(r["measured_seconds"] / none["measured_seconds"] if r["measured_seconds"] else None, 1, 2, "x")
+        budget = r["budget_label"] or ""
+        if r["budget_bytes"]:
+            budget = f"{budget} ({r['budget_bytes'] / MiB:.1f} MiB)" if budget else f"{r['budget_bytes'] / MiB:.1f} MiB"
+        status = r["status"] + (f", gap {r['gap']:.1%}" if r["gap"] else "")
+        if r["compile_seconds"]:
+            status = f"compile {r['compile_seconds']:.0f} s"
+        if r["note"] and r["status"] == "infeasible":
+            status += f" ({r['note']})"
+        lines.append(
+            f"| {r['method']} | {budget} | {_fmt(r['predicted_peak'], MiB)} | {_fmt(r['measured_peak'], MiB)} | {peak_ratio} "
+            f"| {_fmt(r['predicted_seconds'], 1, 3)} | {_fmt(r['measured_seconds'], 1, 3)} | {time_ratio} "
+            f"| {_fmt(r['planning_seconds'], 1, 1)} | {status} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def plot(result: dict, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in result["rows"] if r["measured_peak"] and r["measured_seconds"]]
+    none = next(r for r in rows if r["kind"] == "none")
+    figure, axes = plt.subplots(figsize=(7, 4.5))
+    solvers = sorted({r["method"].split("@")[0] for r in rows if r["kind"] == "plan"})
+    for solver in solvers:
+        points = sorted((r["measured_peak"] / MiB, 100 * (r["measured_seconds"] / none["measured_seconds"] - 1))
+                        for r in rows if r["kind"] == "plan" and r["method"].startswith(solver + "@"))
+        axes.plot(*zip(*points), marker="o", label=f"ours: {solver}")
+    for r in rows:
+        if r["kind"] in ("none", "baseline", "compile"):
+            axes.scatter(r["measured_peak"] / MiB, 100 * (r["measured_seconds"] / none["measured_seconds"] - 1),
+                         marker="s" if r["kind"] != "compile" else "^", s=60, label=r["method"], zorder=3)
+    axes.set_xlabel("measured peak of the training step (MiB)")
+    axes.set_ylabel("step time over no checkpointing (%)")
+    axes.set_title(f"{result['model']}: time against memory (one run, CPU)")
+    axes.grid(alpha=0.3)
+    axes.legend(fontsize=7, ncol=2)
+    figure.tight_layout()
+    temporary = path + ".tmp.png"
+    figure.savefig(temporary, dpi=110)
+    plt.close(figure)
+    os.replace(temporary, path)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", default=",".join(BENCHMARKS))
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--budgets", default="0.4,0.55,0.7,0.85", help="fractions of the un-checkpointed peak")
+    parser.add_argument("--solvers", default=",".join(SOLVERS))
+    parser.add_argument("--time-limit", type=float, default=60.0)
+    parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile baselines")
+    parser.add_argument("--out", default=os.path.join(os.path.dirname(HERE), "docs", "benchmarks"))
+    args = parser.parse_args(argv)
+    os.makedirs(args.out, exist_ok=True)
+    fractions = [float(f) for f in args.budgets.split(",")]
+    for name in args.models.split(","):
+        result = run_model(name, args.rounds, fractions, args.solvers.split(","), args.time_limit, not args.no_compile)
+        table = markdown(result)
+        print(table, flush=True)
+        write_atomic(os.path.join(args.out, f"{name}.md"), table)
+        write_atomic(os.path.join(args.out, f"{name}.json"), json.dumps(result, indent=1))
+        plot(result, os.path.join(args.out, f"{name}.png"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
