@@ -2,9 +2,12 @@
 
     plan-checkpoints MODEL.py --budget 12GB [--solver auto|...] [--device cpu|cuda]
                      [--out plan.json] [--json] [--time-limit SECONDS]
+    plan-checkpoints batch CONFIG.yaml [--out DIR] [--jobs N]      (planner/batch.py)
+    plan-checkpoints show plan.json [--out memory.png]             (planner/show.py)
 
-Exit status: 0 on success, 2 for a usage error or a bad model file, budget or plan file,
-3 when the budget is below the minimum the solver can reach (the message gives that minimum).
+Exit status: 0 on success, 2 for a usage error or a bad model file, budget, plan file or sweep file,
+3 when the budget is below the minimum the solver can reach (the message gives that minimum);
+``batch`` exits with 1 when any of its runs failed.
 """
 
 from __future__ import annotations
@@ -128,8 +131,12 @@ def main(argv: list[str] | None = None) -> int:
     from planner.modelfile import ModelFileError
     from planner.plan import PlanFileError
     from profiler import CaptureError, InputMismatch
+    from planner.batch import BatchUsageError
+    from planner.show import ShowUsageError
+    from planner.sweepconfig import ConfigError
 
-    user_errors = (BudgetError, ModelFileError, PlanFileError, CaptureError, InputMismatch, _UsageError)
+    user_errors = (BudgetError, ModelFileError, PlanFileError, CaptureError, InputMismatch, _UsageError,
+                   ConfigError, BatchUsageError, ShowUsageError)
     try:
         if argv and argv[0] == "batch":
             from planner.batch import main as batch_main
@@ -145,6 +152,11 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_INFEASIBLE
     except user_errors as error:
         print(f"plan-checkpoints: error: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    except OSError as error:
+        if error.filename is None:  # not about a file the user named: a bug, keep its traceback
+            raise
+        print(f"plan-checkpoints: error: {error.filename}: {error.strerror}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         print("plan-checkpoints: interrupted", file=sys.stderr)

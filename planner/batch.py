@@ -1,0 +1,218 @@
+"""``plan-checkpoints batch CONFIG.yaml [--out DIR] [--jobs N]``: every model x budget x solver of a
+YAML file (docs/batch.md), one plan per run, a results table (CSV, Markdown) and a plot per model.
+
+How the work is scheduled: each model is profiled once (at most one profile at a time, so that its
+timings are not taken while another model is being timed), and its runs are solved from that
+profile, in parallel over ``--jobs`` worker processes. Runs of a profiled model go before the next
+profile, so results arrive model by model. Finished runs are never redone: each writes its plan
+and then its record atomically, and a run with a record for its current settings is skipped.
+
+Exit status: 0 when every run made a plan, 1 when any run failed (its status and error are in the
+table), 2 for a sweep file that cannot be run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import os
+import sys
+from collections import deque
+from concurrent.futures import FIRST_COMPLETED, Executor, Future, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass, field
+
+from .progress import Progress
+from .reports import Results, failures
+from .sweepconfig import ModelSpec, Run, Sweep, load_sweep
+from .sweeptasks import OK_STATUSES, Outcome, Profiled, failed_profile, profile_model, solve_run, worker_setup
+
+EXIT_FAILED_RUNS = 1
+
+
+class BatchUsageError(ValueError):
+    """A bad command line for ``batch``."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, like every other error of the tool
+        raise BatchUsageError(message)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="plan-checkpoints batch",
+                     description="Plan every model x budget x solver of a YAML sweep file (docs/batch.md).")
+    parser.add_argument("config", help="the sweep's YAML file")
+    parser.add_argument("--out", default=None, help="output folder (default: CONFIG's name + '-results', here)")
+    parser.add_argument("--jobs", type=int, default=1, help="worker processes solving in parallel (default: 1)")
+    parser.add_argument("--cache-dir", default=None,
+                        help="where measured op times are kept between sweeps (default: OUT/.profile-cache)")
+    parser.add_argument("--no-cache", action="store_true", help="time every model afresh and keep nothing")
+    parser.add_argument("--retry-failed", action="store_true", help="run failed runs again (finished ones are kept)")
+    return parser
+
+
+# -- executors ------------------------------------------------------------------------------------
+class InlineExecutor(Executor):
+    """``--jobs 1``: run each task in this process when it is submitted."""
+
+    def submit(self, fn, /, *args, **kwargs) -> Future:
+        future: Future = Future()
+        try:
+            future.set_result(fn(*args, **kwargs))
+        except Exception as error:
+            future.set_exception(error)
+        return future
+
+
+def _pool(jobs: int) -> Executor:
+    if jobs == 1:
+        return InlineExecutor()
+    # forkserver: workers fork from a clean process that has imported torch once; never from this
+    # one (forking a process that may hold threads is unsafe, spawning re-imports torch per worker).
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["planner.sweeptasks", "torch"])
+    threads = max(1, (os.cpu_count() or 1) // jobs)
+    return ProcessPoolExecutor(jobs, mp_context=context, initializer=worker_setup, initargs=(threads,))
+
+
+# -- the scheduler ----------------------------------------------------------------------------------
+@dataclass
+class _Task:
+    kind: str  # "profile" or "run"
+    model: ModelSpec
+    run: Run | None = None
+
+
+@dataclass
+class SweepState:
+    sweep: Sweep
+    results: Results
+    progress: Progress
+    total: int
+    done: int
+    profiles: dict[str, Profiled] = field(default_factory=dict)
+    ran: list[str] = field(default_factory=list)  # ids of the runs this invocation did
+
+    def finish(self, run: Run, outcome: Outcome) -> None:
+        self.results.write(run, outcome, self.profiles.get(run.model.name))
+        self.done += 1
+        self.ran.append(run.id)
+        self.progress.note(f"[{self.done}/{self.total} done] {_describe_run(run)}: {_describe_outcome(outcome)}")
+
+
+def _describe_run(run: Run) -> str:
+    return f"{run.model.name} at {run.budget} with {run.solver}"
+
+
+def _describe_outcome(outcome: Outcome) -> str:
+    if outcome.status not in OK_STATUSES:
+        return f"{outcome.status}: {outcome.error}"
+    from .budget import format_bytes
+
+    method = f" ({outcome.method})" if outcome.method else ""
+    return (f"{outcome.status}{method}, peak {format_bytes(outcome.predicted_peak_bytes)}, overhead "
+            f"{outcome.predicted_overhead:+.1%}, solved in {outcome.solve_seconds:.2f} s")
+
+
+def execute(state: SweepState, todo: list[Run], jobs: int, cache_dir: str | None) -> None:
+    """Profile each model with runs to do, then solve its runs; at most ``jobs`` tasks at a time."""
+    models = [m for m in state.sweep.models if any(r.model.name == m.name for r in todo)]
+    to_profile = deque(models)
+    ready: deque[Run] = deque()
+    waiting = {m.name: [r for r in todo if r.model.name == m.name] for m in models}
+    in_flight: dict[Future, _Task] = {}
+    executor = _pool(jobs)
+    try:
+        while to_profile or ready or in_flight:
+            while len(in_flight) < jobs:
+                if ready:
+                    run = ready.popleft()
+                    state.progress.note(f"Solving {_describe_run(run)}...")
+                    future = executor.submit(solve_run, run, state.profiles[run.model.name])
+                    in_flight[future] = _Task("run", run.model, run)
+                elif to_profile and not any(t.kind == "profile" for t in in_flight.values()):
+                    model = to_profile.popleft()
+                    state.progress.note(f"Profiling {model.name} ({model.file})...")
+                    future = executor.submit(profile_model, model, state.sweep.device, cache_dir)
+                    in_flight[future] = _Task("profile", model)
+                else:
+                    break
+            finished, _ = wait(list(in_flight), return_when=FIRST_COMPLETED)
+            broken = False
+            for future in finished:
+                task = in_flight.pop(future)
+                error = future.exception()
+                broken = broken or isinstance(error, BrokenProcessPool)
+                if task.kind == "profile":
+                    if error is not None:
+                        reason = _worker_died(error) or error
+                        state.progress.note(f"{task.model.name}: could not be profiled: {failed_profile(reason).error}")
+                        for run in waiting.pop(task.model.name):
+                            state.finish(run, failed_profile(reason))
+                        continue
+                    profiled: Profiled = future.result()
+                    state.profiles[task.model.name] = profiled
+                    where = "op times from the profile cache" if profiled.cached else "timed"
+                    state.progress.note(f"Profiled {task.model.name}: {profiled.graph.number_of_nodes()} nodes "
+                                        f"({profiled.granularity}, {where}) in {profiled.seconds:.1f} s")
+                    ready.extend(waiting.pop(task.model.name))
+                else:
+                    outcome = failed_profile(_worker_died(error) or error) if error is not None else future.result()
+                    state.finish(task.run, outcome)
+            if broken:  # a worker died (killed, out of memory): the pool cannot be used again
+                executor.shutdown(wait=False, cancel_futures=True)
+                for future, task in list(in_flight.items()):
+                    if task.kind == "run":
+                        ready.appendleft(task.run)
+                    else:
+                        to_profile.appendleft(task.model)
+                in_flight.clear()
+                executor = _pool(jobs)
+    finally:
+        executor.shutdown(wait=not in_flight, cancel_futures=True)
+
+
+def _worker_died(error: BaseException) -> str | None:
+    if isinstance(error, BrokenProcessPool):
+        return "the worker process died while on this task (killed, or out of memory?)"
+    return None
+
+
+# -- the command ------------------------------------------------------------------------------------
+def _default_out(config: str) -> str:
+    return f"{os.path.splitext(os.path.basename(config))[0]}-results"
+
+
+def main(argv: list[str]) -> int:
+    args = _parser().parse_args(argv)
+    if args.jobs < 1:
+        raise BatchUsageError(f"--jobs must be at least 1, got {args.jobs}")
+    sweep = load_sweep(args.config)  # every error in the file before any work
+    out = args.out or _default_out(args.config)
+    cache_dir = None if args.no_cache else (args.cache_dir or os.path.join(out, ".profile-cache"))
+    results = Results(out)
+    results.remove_temporaries()
+    todo = [run for run in sweep.runs if not results.is_done(run, args.retry_failed)]
+    progress = Progress()
+    already = len(sweep.runs) - len(todo)
+    progress.note(f"Sweep {args.config}: {len(sweep.runs)} runs over {len(sweep.models)} models"
+                  + (f", {already} already done in {out}" if already else "") + f"; {args.jobs} job(s)")
+    state = SweepState(sweep, results, progress, total=len(sweep.runs), done=already)
+    execute(state, todo, min(args.jobs, max(1, len(todo))), cache_dir)
+    rows = results.write_tables(sweep)
+    plots = results.write_plots(sweep)
+    failed = failures(rows)
+    planned = len(rows) - sum(failed.values())
+    reused = f" ({already} from an earlier sweep)" if already else ""
+    summary = (f"{len(rows)} runs: {planned} planned{reused}"
+               + (", " + ", ".join(f"{count} {status}" for status, count in sorted(failed.items())) if failed else "")
+               + f"; table {os.path.join(out, 'results.md')}, {len(plots)} plot(s) in {os.path.join(out, 'plots')}")
+    print(summary)
+    if failed:
+        for row in rows:
+            if row["status"] not in OK_STATUSES:
+                print(f"plan-checkpoints: {row['model']} at {row['budget']} with {row['solver']}: "
+                      f"{row['status']}: {row['error']}", file=sys.stderr)
+        return EXIT_FAILED_RUNS
+    return 0

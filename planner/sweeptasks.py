@@ -1,0 +1,198 @@
+"""What a ``batch`` worker does: profile a model once, solve one run. Both take and return plain,
+picklable data, so that they run the same inline (``--jobs 1``) or in a worker process.
+
+A model is profiled once per sweep; its runs are solved from a :class:`Profiled`, which carries the
+cost graph and the few facts a Plan records about the traced step, not the traced step itself.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import time
+from dataclasses import dataclass
+
+import networkx as nx
+
+from .sweepconfig import ModelSpec, Run
+
+OK_STATUSES = ("optimal", "feasible", "heuristic")  # a plan was made (solvers' own statuses)
+INFEASIBLE = "infeasible"  # the budget is below what the solver reaches
+ERROR = "error"  # the model file, the profiler or the solver failed
+
+
+@dataclass(frozen=True)
+class Profiled:
+    """A model's profile as the runs need it (picklable: the graph is plain data)."""
+
+    model_class: str
+    graph: nx.DiGraph
+    tangent_outputs: tuple[int, ...]
+    tangent_specs: tuple
+    inputs: tuple[str, ...]
+    granularity: str
+    device: str
+    seconds: float
+    cached: bool  # the op times came from the profile cache: nothing was timed
+
+    def as_profile(self):
+        """A profiler.Profile holding what planner.plan reads (graph, loss and input facts); it has
+        no traced step, so a plan made from it is saved, never applied in place."""
+        from types import SimpleNamespace
+
+        import profiler
+
+        joint = SimpleNamespace(
+            loss=SimpleNamespace(tangent_outputs=self.tangent_outputs, tangent_specs=self.tangent_specs),
+            layout=SimpleNamespace(signature=list(self.inputs)),
+        )
+        return profiler.Profile(self.graph, joint, None, None, self.granularity, self.device, self.seconds)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """A run's result: figures for the table, and the plan as its JSON dict when one was made."""
+
+    status: str
+    method: str = ""
+    error: str = ""
+    budget_bytes: int | None = None
+    predicted_peak_bytes: int | None = None
+    unplanned_peak_bytes: int | None = None
+    fixed_bytes: int | None = None
+    predicted_seconds: float | None = None
+    unplanned_seconds: float | None = None
+    predicted_overhead: float | None = None
+    solve_seconds: float | None = None
+    gap: float | None = None
+    min_budget_bytes: int | None = None
+    plan: dict | None = None
+
+
+def describe(error: BaseException) -> str:
+    """One line: the exception's type and the first line of its message."""
+    from .modelfile import ModelFileError
+
+    text = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    if isinstance(error, ModelFileError):
+        return text
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
+
+
+# -- a model file with keyword arguments ------------------------------------------------------------
+def _call(module, name: str, kwargs: dict, path: str):
+    from .modelfile import CONTRACT, ModelFileError, _describe, _where
+
+    function = getattr(module, name, None)
+    if not callable(function):
+        problem = "defines no" if function is None else "has a non-function"
+        raise ModelFileError(f"model file {path} {problem} {name}(); {CONTRACT}")
+    try:
+        return function(**kwargs)
+    except Exception as error:  # the user's code: any failure is a failure of this model
+        raise ModelFileError(f"{name}() in {path} raised {_describe(error)}{_where(error, path)}") from None
+
+
+def load_model(spec: ModelSpec, device: str | None):
+    """Build the model and its inputs from the spec's file, functions and keyword arguments."""
+    import torch
+
+    from .modelfile import ModelFile, ModelFileError, import_model_file, to_device
+
+    module = import_model_file(spec.file)
+    model = _call(module, spec.model_fn, spec.model_kwargs, spec.file)
+    if not isinstance(model, torch.nn.Module):
+        raise ModelFileError(f"{spec.model_fn}() in {spec.file} returned {type(model).__name__}, not an nn.Module")
+    inputs = _call(module, spec.inputs_fn, spec.inputs_kwargs, spec.file)
+    if not isinstance(inputs, (tuple, list, dict, torch.Tensor)):
+        raise ModelFileError(f"{spec.inputs_fn}() in {spec.file} returned {type(inputs).__name__}; it must return "
+                             "a tuple of positional arguments or a dict of keyword arguments")
+    loss_name = spec.loss_fn or "loss_fn"
+    loss_fn = getattr(module, loss_name, None)
+    if spec.loss_fn is not None and not callable(loss_fn):
+        raise ModelFileError(f"model file {spec.file} defines no function {spec.loss_fn}() (the sweep's loss_fn)")
+    if loss_fn is not None and spec.loss_kwargs:
+        loss_fn = functools.partial(loss_fn, **spec.loss_kwargs)
+    if device is not None:
+        model = model.to(torch.device(device))
+        inputs = to_device(inputs, torch.device(device))
+    model.train()
+    return ModelFile(spec.file, model, inputs, loss_fn if callable(loss_fn) else None)
+
+
+# -- the two tasks ------------------------------------------------------------------------------------
+def profile_model(spec: ModelSpec, device: str | None, cache_dir: str | None) -> Profiled:
+    """Load and profile one model (the op times from ``cache_dir`` when it was measured before)."""
+    import profiler
+
+    from .profilecache import ProfileCache
+
+    model_file = load_model(spec, device)
+    cache = ProfileCache(cache_dir) if cache_dir else None
+    profile = profiler.profile(model_file.model, model_file.example_inputs, loss_fn=model_file.loss_fn,
+                               granularity=spec.granularity, times_cache=cache)
+    return Profiled(
+        model_class=type(model_file.model).__name__, graph=profile.graph,
+        tangent_outputs=tuple(profile.joint.loss.tangent_outputs),
+        tangent_specs=tuple(profile.joint.loss.tangent_specs), inputs=tuple(profile.joint.layout.signature),
+        granularity=profile.granularity, device=profile.device, seconds=profile.seconds,
+        cached=bool(cache is not None and cache.hits),
+    )
+
+
+def solve_run(run: Run, profiled: Profiled) -> Outcome:
+    """Plan one budget x solver on a profiled model; failures become an Outcome, never an exception."""
+    from .api import BudgetInfeasible, plan
+
+    started = time.perf_counter()
+    try:
+        made = plan(None, None, run.budget, solver=run.solver, time_limit=run.model.time_limit,
+                    profile=profiled.as_profile())
+    except BudgetInfeasible as error:
+        unplanned = _unplanned_peak(profiled.graph)
+        return Outcome(INFEASIBLE, method=error.method or run.solver, error=str(error).strip().splitlines()[0],
+                       budget_bytes=run.budget.resolve(unplanned), unplanned_peak_bytes=unplanned,
+                       min_budget_bytes=error.min_budget, solve_seconds=time.perf_counter() - started)
+    except Exception as error:  # a solver failure is this run's failure; the sweep goes on
+        return Outcome(ERROR, method=run.solver, error=describe(error), solve_seconds=time.perf_counter() - started)
+    made.model = profiled.model_class  # plan() was given no model object, only its profile
+    made.profile = None
+    info = made.schedule.info
+    return Outcome(
+        status=info.status, method=info.method, error="", budget_bytes=made.budget_bytes,
+        predicted_peak_bytes=made.predicted_peak_bytes, unplanned_peak_bytes=made.unplanned_peak_bytes,
+        fixed_bytes=made.fixed_bytes, predicted_seconds=made.predicted_seconds,
+        unplanned_seconds=made.unplanned_seconds, predicted_overhead=made.predicted_overhead,
+        solve_seconds=info.solve_seconds, gap=info.gap, plan=made.to_dict(),
+    )
+
+
+def _unplanned_peak(graph: nx.DiGraph) -> int:
+    from solvers import simulate
+    from solvers.store_all import store_all_schedule
+
+    return int(graph.graph["fixed_bytes"]) + simulate(graph, store_all_schedule(graph)).peak_bytes
+
+
+def failed_profile(error: BaseException | str) -> Outcome:
+    """The outcome of every run of a model that could not be loaded or profiled."""
+    return Outcome(ERROR, error=error if isinstance(error, str) else describe(error))
+
+
+def worker_setup(threads: int) -> None:
+    """In each worker process: share the cores between the jobs, leave Ctrl-C to the main process,
+    and die with the main process (a killed sweep leaves no worker running on)."""
+    import signal
+
+    import torch
+
+    torch.set_num_threads(max(1, threads))
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if os.name == "posix":
+        try:
+            import ctypes
+
+            ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG (Linux; a no-op elsewhere fails)
+        except (OSError, AttributeError):
+            pass
+
