@@ -2,6 +2,7 @@
 
     plan-checkpoints MODEL.py --budget 12GB [--solver auto|...] [--device cpu|cuda]
                      [--out plan.json] [--json] [--time-limit SECONDS]
+                     [--max-batch [--max-overhead 0.3]]
     plan-checkpoints batch CONFIG.yaml [--out DIR] [--jobs N]      (planner/batch.py)
     plan-checkpoints show plan.json [--out memory.png]             (planner/show.py)
 
@@ -53,7 +54,21 @@ def _plan_parser() -> argparse.ArgumentParser:
     parser.add_argument("--model-fn", default="build_model", help="function building the model (default: build_model)")
     parser.add_argument("--inputs-fn", default="example_inputs", help="function giving example inputs (default: example_inputs)")
     parser.add_argument("--granularity", default="module", help="'module' (default), 'module:N' or 'op'")
+    parser.add_argument("--max-batch", action="store_true",
+                        help="find the largest batch size (dimension 0 of every tensor input) whose plan fits the "
+                             "budget, and write that plan")
+    parser.add_argument("--max-overhead", default=None, type=_overhead,
+                        help="with --max-batch: the most predicted overhead allowed, as a fraction or a "
+                             "percentage (0.3 or 30%%; default: any)")
     return parser
+
+
+def _overhead(text: str) -> float:
+    """'0.3' or '30%' -> 0.3; argparse reports the ValueError as a bad value."""
+    value = float(text[:-1]) / 100 if text.strip().endswith("%") else float(text)
+    if not value >= 0 or value == float("inf"):
+        raise ValueError(text)
+    return value
 
 
 def _summary_json(plan, out: str) -> dict:
@@ -103,10 +118,14 @@ def run_plan(argv: list[str]) -> int:
     args = _plan_parser().parse_args(_join_negative_budget(argv))
     if args.time_limit is not None and args.time_limit <= 0:
         raise _UsageError(f"--time-limit must be a positive number of seconds, got {args.time_limit}")
+    if args.max_overhead is not None and not args.max_batch:
+        raise _UsageError("--max-overhead goes with --max-batch (the overhead the largest batch may cost)")
     budget = parse_budget(args.budget)  # reject a bad budget before any work
     progress = Progress()
     with progress.task(f"Loading {args.model}"):
         model_file = load_model_file(args.model, args.model_fn, args.inputs_fn, args.device)
+    if args.max_batch:
+        return _run_max_batch(args, model_file, budget, progress)
     import profiler
 
     with progress.task(f"Profiling {type(model_file.model).__name__}"):
@@ -124,6 +143,28 @@ def run_plan(argv: list[str]) -> int:
     return 0
 
 
+def _run_max_batch(args, model_file, budget, progress) -> int:
+    from planner.maxbatch import find_max_batch
+
+    found = find_max_batch(model_file.model, model_file.example_inputs, budget, solver=args.solver,
+                           max_overhead=args.max_overhead, loss_fn=model_file.loss_fn, time_limit=args.time_limit,
+                           granularity=args.granularity, progress=progress)
+    found.plan.save(args.out)
+    profiled = ", ".join(str(b) for b in found.profiled)
+    line = (f"Largest batch size: {found.batch_size} (the example inputs have {found.example_batch_size}); "
+            f"profiled at {profiled}, {found.solves} predicted plans searched")
+    if args.json:
+        summary = _summary_json(found.plan, args.out)
+        summary.update(batch_size=found.batch_size, example_batch_size=found.example_batch_size,
+                       profiled_batch_sizes=found.profiled, max_overhead=args.max_overhead)
+        print(json.dumps(summary, indent=1))
+    else:
+        print(line)
+        print(found.plan.summary())
+        print(f"Plan for batch size {found.batch_size} written to {args.out}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     from planner.budget import BudgetError
@@ -132,11 +173,12 @@ def main(argv: list[str] | None = None) -> int:
     from planner.plan import PlanFileError
     from profiler import CaptureError, InputMismatch
     from planner.batch import BatchUsageError
+    from planner.maxbatch import MaxBatchError
     from planner.show import ShowUsageError
     from planner.sweepconfig import ConfigError
 
     user_errors = (BudgetError, ModelFileError, PlanFileError, CaptureError, InputMismatch, _UsageError,
-                   ConfigError, BatchUsageError, ShowUsageError)
+                   ConfigError, BatchUsageError, ShowUsageError, MaxBatchError)
     try:
         if argv and argv[0] == "batch":
             from planner.batch import main as batch_main
