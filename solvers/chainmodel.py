@@ -144,10 +144,16 @@ def apply_op(chain: Chain, state: ChainState, op: Op) -> tuple[ChainState, int]:
     Raises :class:`ChainMoveError` when ``op`` cannot run from ``state``. See
     :func:`simulate_chain` for the rules.
     """
+    after, during, _ = step(chain, state, op, state.memory(chain))
+    return after, during
+
+
+def step(chain: Chain, state: ChainState, op: Op, held: int) -> tuple[ChainState, int, int]:
+    """:func:`apply_op` given the memory ``held`` in ``state``: also returns the memory after
+    ``op``, so that a whole sequence runs in time linear in its length."""
     i, length = op.stage, chain.length
     if not 0 <= i <= length or (op.kind == "L") != (i == length):
         raise ChainMoveError(f"{op}: no such operation on a chain of {length} stages")
-    held = state.memory(chain)
     bit, nxt = 1 << i, 1 << (i + 1)
     if not state.has_x(i):
         raise ChainMoveError(f"{op} needs x_{i}, which is not held")
@@ -155,20 +161,24 @@ def apply_op(chain: Chain, state: ChainState, op: Op) -> tuple[ChainState, int]:
         if state.has_x(i + 1):
             raise ChainMoveError(f"{op} would compute x_{i + 1}, which is already held")
         if op.kind == "Fe":
-            return replace(state, full=state.full | nxt), held + chain.xbar[i + 1] + chain.ftmp[i]
+            return replace(state, full=state.full | nxt), held + chain.xbar[i + 1] + chain.ftmp[i], held + chain.xbar[i + 1]
         during = held + chain.x[i + 1] + chain.ftmp[i]
         if op.kind == "CF":
-            return replace(state, plain=state.plain | nxt, kept=state.kept | (state.plain & bit)), during
+            kept = state.kept | (state.plain & bit)
+            return replace(state, plain=state.plain | nxt, kept=kept), during, held + chain.x[i + 1]
         if not state.plain & bit:
             raise ChainMoveError(f"{op} frees x_{i}, which is held only inside xbar_{i}: use CF_{i}")
         if state.kept & bit:
             raise ChainMoveError(f"{op} frees x_{i}, a checkpoint, which stays held until B_{i}")
-        return replace(state, plain=(state.plain & ~bit) | nxt), during
+        return replace(state, plain=(state.plain & ~bit) | nxt), during, held - chain.x[i] + chain.x[i + 1]
     if state.done & bit:
         raise ChainMoveError(f"{op} has already run")
     if op.kind == "B" and not (state.full & nxt and state.grad & nxt):
         raise ChainMoveError(f"{op} needs xbar_{i + 1} and y_{i + 1}")
     during = held + chain.x[i] + chain.gout[i] + chain.btmp[i]
+    freed = chain.x[i] if state.plain & bit else 0
+    if op.kind == "B":
+        freed += chain.xbar[i + 1] + chain.x[i + 1]  # xbar_{i+1} and y_{i+1}
     after = ChainState(
         plain=state.plain & ~bit,
         full=state.full & ~nxt,
@@ -176,7 +186,7 @@ def apply_op(chain: Chain, state: ChainState, op: Op) -> tuple[ChainState, int]:
         done=state.done | bit,
         kept=state.kept & ~bit,
     )
-    return after, during
+    return after, during, held - freed + chain.x[i] + chain.gout[i]
 
 
 @dataclass(frozen=True)
@@ -234,9 +244,10 @@ def simulate_chain(chain: Chain, sequence: Sequence[Op], budget: int | None = No
 
     if budget is not None and peak > budget:
         return outcome(f"x_0 alone needs {peak}, over the budget {budget}")
+    held = peak
     for position, op in enumerate(sequence):
         try:
-            state, during = apply_op(chain, state, op)
+            state, during, held = step(chain, state, op, held)
         except ChainMoveError as fault:
             return outcome(f"operation {position}: {fault}")
         peak = max(peak, during)

@@ -26,22 +26,29 @@ Counting them inside ``m`` (rotor counts ``m`` without ``x_i``) makes every shif
       ``(i+1, l)``, ``B_i``; ``C(i+1, i, .) = 0``).
 - Answer: ``C(0, L, budget)``, the budget counting ``x_0``.
 
+The model is persistent, as the program assumes: a checkpoint (an ``x_i`` read by ``CF_i``) stays
+held until ``B_i``. Without that rule a heterogeneous chain can do better (tests/test_dp.py).
+
 Ties between equal makespans go to the sequence with fewer forward operations (trap 3: with
 zero-time stages a plain min picks needless recomputations). Both are folded into one exact
-integer key, ``ticks(time) * W + forwards``, kept below 2**53 so float64 sums stay exact.
+integer key, ``ticks(time) * W + forwards``, kept below 2**52 so float64 sums stay exact.
 
 Two engines evaluate the recurrence:
 
 - the *grid* (:func:`_grid_tables`): ``C(i, l, .)`` as an array over memory levels ``0..M``,
-  numpy-vectorised over the level and the split ``j``. Exact when the unit is 1; with a coarser
-  unit every size is rounded *up*, so the plan still fits in bytes (it may lose time).
+  numpy-vectorised over the level and the split ``j``; each row is computed only between the
+  sub-chain's least memory and the memory of its plan without recomputation. Exact when the
+  unit is 1; with a coarser unit every size is rounded *up*, so the plan still fits (it may lose
+  time: rotor's 500 levels lose up to ~16% near tight budgets, ALGORITHMS.md trap 2).
 - the *fronts* (:func:`_front_tables`): ``C(i, l, .)`` as its exact step function of memory (the
-  budgets at which it drops and the values), one solve serving every budget, in bytes.
+  memories at which it drops and its values), vectorised over all splits of a cell; one solve
+  serves every budget, in bytes, at ~L^4 cost.
 
-:func:`solve_chain` picks the grid with unit 1 when the budget is small enough in the chain's unit,
-and the exact fronts otherwise, so byte-sized chains lose nothing to discretisation (the 500-slot
-rounding of rotor loses up to ~16% near tight budgets, trap 2). ``levels=`` asks for rotor's
-discretisation instead. :func:`solve_dp` runs it on a cost graph through its chain view.
+:func:`solve_chain` uses the unit-1 grid for small budgets (integer units), the fronts for chains
+of up to :data:`FRONTS_MAX_STAGES` stages, and beyond that the finest affordable grid, certified
+within 1% of the exact optimum by a second grid with sizes rounded *down* (a relaxation), the
+fronts truncated at the budget deciding where the certificate fails. :func:`plan_chain` solves
+once for every budget; :func:`solve_dp` runs the program on a cost graph through its chain view.
 """
 
 from __future__ import annotations
@@ -89,7 +96,7 @@ class _Sizes:
 
     @property
     def loss_need(self) -> int:
-        """Memory for op L: x_L, y_L, gout[L], btmp[L] (and the gout of nobody before it)."""
+        """Memory for op L: x_L, y_L, gout[L] and btmp[L] (no backward has run before it)."""
         length = self.length
         return int(2 * self.x[length] + self.G[length] + self.btmp[length])
 
@@ -212,10 +219,6 @@ class _Keys:
         """Key of sub-chain (i, l) run with every forward once: F_i .. F_{min(l, L-1)}, B_i .. B_l."""
         forwards = self.prefix[min(l + 1, len(self.fw))] - self.prefix[i]
         return float(forwards + self.bw_prefix[l + 1] - self.bw_prefix[i])
-
-    def forward_run(self, i: int, j: int) -> float:
-        """Key of F_i .. F_{j-1} (the forward prefix of option (a))."""
-        return float(self.prefix[j] - self.prefix[i])
 
 
 def _keys(chain: Chain) -> _Keys:
@@ -641,8 +644,9 @@ def plan_chain(chain: Chain, top: int | None = None, *, levels: int | None = Non
     else:
         sizes = _sizes(chain, unit)
         bounds = _bounds(sizes)
-        # Room above the nominal level: each of the <= 3(L+1) sizes held at once rounds up by < 1.
-        top_level = int(top) // unit + 3 * (chain.length + 1)
+        # Room above the nominal level for plan.plan's upward search: sizes rounded up overstate
+        # a plan's peak by < 1 unit per value held, a few % of the levels in practice.
+        top_level = int(top) // unit + max(8, int(top) // unit // 16)
     grid = _grid_tables(sizes, keys, top_level, bounds)
     return ChainPlans(chain, "grid", unit, least, int(top), sizes, grid, exact_sizes, exact_bounds)
 

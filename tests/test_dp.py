@@ -19,7 +19,7 @@ import pytest
 import solvers.dp as dp
 from graphs import parameter_gradient_graph, random_dag, training_graph
 from solvers import Infeasible, simulate, solve
-from solvers.chainmodel import ChainMoveError, ChainState, Op, apply_op, op_time, simulate_chain
+from solvers.chainmodel import ChainMoveError, ChainState, Op, apply_op, op_time, simulate_chain, step
 from solvers.dp import Chain, min_budget, plan_chain, solve_chain
 from solvers.store_all import store_all_schedule
 
@@ -122,6 +122,19 @@ def test_simulate_chain_rejects_what_the_model_forbids():
     for words, sequence in cases.items():
         outcome = simulate_chain(SMALL, sequence)
         assert not outcome.valid and words in outcome.error, (words, outcome.error)
+
+
+def test_incremental_memory_matches_the_state():
+    """simulate_chain tracks memory op by op; it must equal the sum over what the state holds."""
+    rng = random.Random(9)
+    for _ in range(20):
+        chain = random_chain(rng, rng.randint(1, 6))
+        result = solve_chain(chain, min_budget(chain) + rng.randint(0, 6))
+        state, held = ChainState(), chain.x[0]
+        for op in result.sequence:
+            state, during, held = step(chain, state, op, held)
+            assert held == state.memory(chain) and during >= held
+        assert state.grad & 1
 
 
 def test_persistence_is_what_the_program_is_optimal_for():
