@@ -73,7 +73,7 @@ def _pool(jobs: int) -> Executor:
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(["planner.sweeptasks", "torch"])
     threads = max(1, (os.cpu_count() or 1) // jobs)
-    return ProcessPoolExecutor(jobs, mp_context=context, initializer=worker_setup, initargs=(threads,))
+    return ProcessPoolExecutor(jobs, mp_context=context, initializer=worker_setup, initargs=(threads, os.getpid()))
 
 
 # -- the scheduler ----------------------------------------------------------------------------------

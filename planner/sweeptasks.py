@@ -179,20 +179,35 @@ def failed_profile(error: BaseException | str) -> Outcome:
     return Outcome(ERROR, error=error if isinstance(error, str) else describe(error))
 
 
-def worker_setup(threads: int) -> None:
-    """In each worker process: share the cores between the jobs, leave Ctrl-C to the main process,
-    and die with the main process (a killed sweep leaves no worker running on)."""
+def worker_setup(threads: int, sweep_pid: int) -> None:
+    """In each worker process: share the cores between the jobs, leave Ctrl-C to the sweep, and exit
+    when the sweep's process is gone. (Workers are children of the forkserver, not of the sweep, and
+    an idle one would otherwise wait on its task queue for ever after the sweep is killed.)"""
     import signal
+    import threading
 
     import torch
 
     torch.set_num_threads(max(1, threads))
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    if os.name == "posix":
-        try:
-            import ctypes
+    threading.Thread(target=_exit_with, args=(sweep_pid,), daemon=True, name="exit-with-sweep").start()
 
-            ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG (Linux; a no-op elsewhere fails)
-        except (OSError, AttributeError):
-            pass
 
+def _exit_with(pid: int, every: float = 0.5) -> None:
+    while _alive(pid):
+        time.sleep(every)
+    os._exit(1)  # a result now would have no one to receive it
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # killed but not yet reaped by its parent: a zombie is gone too
+        with open(f"/proc/{pid}/stat") as file:
+            return file.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
