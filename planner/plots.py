@@ -43,11 +43,18 @@ def save_png(figure, path: str | os.PathLike) -> None:
     try:
         with os.fdopen(handle, "wb") as file:
             figure.savefig(file, format="png")
+        os.chmod(temporary, 0o666 & ~_umask())  # mkstemp makes it private; a picture is for sharing
         os.replace(temporary, path)
     except BaseException:
         if os.path.exists(temporary):
             os.unlink(temporary)
         raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def sweep_plot(model: str, points: Sequence[Point], unplanned_peak_bytes: int | None, path: str) -> None:
