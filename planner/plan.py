@@ -230,11 +230,18 @@ def write_atomic(path: str | os.PathLike, text: str) -> None:
             file.write(text)
             file.flush()
             os.fsync(file.fileno())
+        os.chmod(temporary, 0o666 & ~_umask())  # mkstemp makes it private; a plan is an ordinary file
         os.replace(temporary, path)
     except BaseException:
         if os.path.exists(temporary):
             os.unlink(temporary)
         raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def load(path: str | os.PathLike) -> Plan:
