@@ -562,6 +562,7 @@ class ChainPlans:
         ``budget // unit`` up are tried against the exact sizes (rounding up leaves slack), and
         where rounding leaves no plan at all, the least-memory plan is returned.
         """
+        budget = math.floor(budget)  # sizes are whole units
         if budget < self.min_budget:
             raise _infeasible(budget, self.min_budget)
         length = self.chain.length
@@ -633,8 +634,10 @@ def plan_chain(chain: Chain, top: int | None = None, *, levels: int | None = Non
     least = int(exact_bounds.least[0, chain.length])
     keys = _keys(chain)
     cap = grid_levels_cap(chain.length)
-    if top is not None and top < 0:
-        raise ValueError(f"top must be >= 0, got {top}")
+    if top is not None:
+        if not top >= 0:
+            raise ValueError(f"top must be >= 0, got {top}")
+        top = math.floor(top)
     exact_grid = top is not None and top <= min(cap, EXACT_GRID_LEVELS)
     if levels is None and (top is None or (not exact_grid and chain.length <= FRONTS_MAX_STAGES)):
         return _exact_plans(chain, top, exact_sizes, exact_bounds, keys)
@@ -680,8 +683,9 @@ def solve_chain(chain: Chain, budget: int, *, levels: int | None = None, toleran
     :class:`~solvers.errors.Infeasible` with ``min_budget`` (the chain's unit) below the least
     budget at which the chain has any valid sequence.
     """
-    if budget < 0:
+    if not budget >= 0:
         raise ValueError(f"budget must be >= 0, got {budget}")
+    budget = math.floor(budget)  # sizes are whole units: a fraction of one cannot be used
     plans = plan_chain(chain, budget, levels=levels)
     result = plans.plan(budget)
     if result.exact or levels is not None:

@@ -423,16 +423,32 @@ def test_graph_budget_sweep(name, graph):
 
 
 def test_graph_chain_budget_search_goes_above_budget_minus_reserved():
-    """The chain model over-counts, so plans above the nominal chain budget often fit: the search
-    must never return a plan costlier than the nominal one."""
+    """The chain model over-counts, so plans planned for more than ``budget - reserved`` often fit:
+    the search must find them (strictly cheaper than the nominal plan somewhere) and never return
+    a plan costlier than the nominal one."""
     from solvers.chain import chain_view
 
-    graph = training_graph(10, seed=2, skips=3)
+    graph = training_graph(12, seed=5)
     view = chain_view(graph)
     plans = plan_chain(view.chain())
     store_all_peak = simulate(graph, store_all_schedule(graph)).peak_bytes
-    for budget in range(plans.min_budget + view.reserved_bytes, store_all_peak):
+    cheaper = 0
+    budgets = range(plans.min_budget + view.reserved_bytes, store_all_peak)
+    assert len(budgets) >= 10
+    for budget in budgets:
         schedule = solve(graph, budget, method="dp")
-        nominal = view.lower(plans.plan(budget - view.reserved_bytes).sequence)
-        assert simulate(graph, nominal).peak_bytes <= budget  # the chain view is conservative
-        assert schedule.info.compute_cost <= simulate(graph, nominal).compute_cost
+        nominal = simulate(graph, view.lower(plans.plan(budget - view.reserved_bytes).sequence))
+        assert nominal.peak_bytes <= budget  # the chain view is conservative
+        assert schedule.info.compute_cost <= nominal.compute_cost
+        cheaper += schedule.info.compute_cost < nominal.compute_cost
+    assert cheaper > 0
+
+
+def test_graph_options():
+    graph = training_graph(12, seed=5)
+    budget = simulate(graph, store_all_schedule(graph)).peak_bytes - 6
+    assert "unit" not in solve(graph, budget, method="dp").info.message  # exact by default
+    coarse = solve(graph, budget, method="dp", levels=8)  # rotor's discretisation, passed through
+    assert "unit" in coarse.info.message and coarse.info.predicted_peak_bytes <= budget
+    with pytest.raises(TypeError, match="levels"):
+        solve(graph, budget, method="dp", slots=3)
