@@ -287,9 +287,11 @@ def _chain_sizes(view: ChainView) -> Chain:
     btmp = [0] * (length + 1)
     gout = [0] * (length + 1)
     for i in range(length + 1):
-        outputs = {b for b in view.backward[i] if is_output(graph, b)} | long_lived(i)
-        gout[i] = _bytes(graph, outputs)
         nodes = view.backward[i] if i < length else view.forward[length] + view.backward[length]
+        # Outputs that op runs stay held to the end; for op L that includes the loss node itself
+        # when it is an output (reserved ones excepted: their bytes are set aside already).
+        outputs = {b for b in nodes if is_output(graph, b) and b not in reserved} | long_lived(i)
+        gout[i] = _bytes(graph, outputs)
         peak, _ = _local_peak(graph, nodes, ys[i] | outputs, reserved)
         btmp[i] = max(0, peak - x[i] - gout[i])
     return Chain(fw=fw, bw=bw, x=x, xbar=xbar, ftmp=ftmp, btmp=btmp, gout=gout)
