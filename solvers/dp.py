@@ -54,8 +54,8 @@ once for every budget; :func:`solve_dp` runs the program on a cost graph through
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Callable, Sequence
 
 import numpy as np
 
@@ -267,9 +267,8 @@ class _Grid:
         if i == sz.length or i == l:
             return i
         shift = sz.shift_b(i)
-        if m >= max(int(self.need_b[i, l]), shift):
-            if self.value[i + 1, l, m - shift] + self.keys.bw[i] == best:
-                return i  # the fill keeps (b) on ties
+        if m >= max(int(self.need_b[i, l]), shift) and self.value[i + 1, l, m - shift] + self.keys.bw[i] == best:
+            return i  # the fill keeps (b) on ties
         shift = int(sz.x[i])
         candidates = self.value[i + 1 : l + 1, l, m - shift] + self.value[i, i:l, m]
         return i + 1 + int(np.argmin(candidates))

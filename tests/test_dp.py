@@ -11,15 +11,22 @@ import heapq
 import itertools
 import random
 import time
-from functools import lru_cache
+from functools import cache
 
 import numpy as np
 import pytest
-
-import solvers.dp as dp
 from graphs import parameter_gradient_graph, random_dag, training_graph
-from solvers import Infeasible, simulate, solve
-from solvers.chainmodel import ChainMoveError, ChainState, Op, apply_op, op_time, simulate_chain, step
+
+from solvers import Infeasible, dp, simulate, solve
+from solvers.chainmodel import (
+    ChainMoveError,
+    ChainState,
+    Op,
+    apply_op,
+    op_time,
+    simulate_chain,
+    step,
+)
 from solvers.dp import Chain, min_budget, plan_chain, solve_chain
 from solvers.store_all import store_all_schedule
 
@@ -75,7 +82,7 @@ def optimum(front, budget):
 
 def random_chain(rng: random.Random, length: int, size: int = 4, zero_times: bool = False) -> Chain:
     x = [rng.randint(1, size) for _ in range(length + 1)]
-    times = (0, 0, 1) if zero_times else range(0, 6)
+    times = (0, 0, 1) if zero_times else range(6)
     return Chain(
         fw=[rng.choice(times) for _ in range(length)],
         bw=[rng.choice(times) for _ in range(length + 1)],
@@ -162,7 +169,7 @@ def check_every_budget(chain: Chain) -> None:
     assert min_budget(chain) == least
     fronts = plan_chain(chain)  # exact step functions, every budget
     assert fronts.engine == "fronts" and fronts.budgets()[0] == least
-    for budget in range(0, generous + 1):
+    for budget in range(generous + 1):
         expected = optimum(front, budget)
         if expected is None:
             with pytest.raises(Infeasible) as raised:
@@ -236,7 +243,7 @@ def test_trap_1_option_b_counts_the_live_gradient(monkeypatch):
 # -- revolve ----------------------------------------------------------------------------------------
 
 
-@lru_cache(maxsize=None)
+@cache
 def t_dp(l: int, s: int) -> int:
     """Griewank-Walther's t(l, s) in its DP form (ALGORITHMS.md)."""
     if l == 1:
@@ -410,7 +417,7 @@ def test_graph_budget_sweep(name, graph):
     """Every schedule fits (solve() re-simulates it too); every Infeasible names a min_budget above
     the budget, at which the method then succeeds."""
     store_all_peak = simulate(graph, store_all_schedule(graph)).peak_bytes
-    for budget in range(0, store_all_peak + 2):
+    for budget in range(store_all_peak + 2):
         try:
             schedule = solve(graph, budget, method="dp")
         except Infeasible as error:
