@@ -193,8 +193,12 @@ def chain_view(graph) -> ChainView:
 
     # 4. Backward stages, in reverse topological order so readers are placed first.
     backward_stage: dict[Node, int] = {}
+    loss_stage = len(stages) - 1
     for node in reversed(backward):
-        stage = max((stage_of[u] for u in graph.predecessors(node) if u in stage_of and u not in reserved), default=-1)
+        # The loss does not place a node: one that reads the loss and stage i's results runs in B_i
+        # (the first backward ops read both); only a node reading nothing else is the loss stage's.
+        read = [stage_of[u] for u in graph.predecessors(node) if u in stage_of and u not in reserved]
+        stage = max((s for s in read if s != loss_stage), default=loss_stage if read else -1)
         for reader in graph.successors(node):
             stage = max(stage, backward_stage.get(reader, -1))
         backward_stage[node] = max(stage, 0)
