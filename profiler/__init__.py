@@ -6,8 +6,11 @@
 """
 
 from .api import Profile, profile
-from .capture import CaptureError
+from .capture import CaptureError, ModelCallError, TraceError
 from .inputs import InputMismatch
 from .memory import StepMeasurement, measure_step
 
-__all__ = ["CaptureError", "InputMismatch", "Profile", "StepMeasurement", "measure_step", "profile"]
+__all__ = [
+    "CaptureError", "InputMismatch", "ModelCallError", "Profile", "StepMeasurement", "TraceError", "measure_step",
+    "profile",
+]

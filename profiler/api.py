@@ -11,7 +11,7 @@ from typing import Callable, Protocol
 import networkx as nx
 import torch
 
-from .capture import JointGraph, capture
+from .capture import JointGraph, autocast_disabled, capture
 from .costgraph import build_cost_graph
 from .grouping import Grouping, group_graph
 from .inputs import normalise_inputs
@@ -139,7 +139,8 @@ def profile(
         joint.loss = replace(joint.loss, seconds=cached.loss_seconds)  # the measured profile, exactly
     else:
         values = _placeholder_values(model, joint, args, kwargs, tangents)
-        times = time_ops(joint.graph_module, values, repeats=repeats)
+        with autocast_disabled():  # the trace holds autocast's casts; autocast again would re-cast
+            times = time_ops(joint.graph_module, values, repeats=repeats)
         del values
         if times_cache is not None:
             times_cache.store(key, CachedTimes(times, float(joint.loss.seconds)))

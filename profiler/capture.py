@@ -16,6 +16,7 @@ produces them. Which outputs get one is decided by running the planning loss onc
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -25,7 +26,8 @@ import torch.fx as fx
 import torch.fx.traceback as fx_traceback
 import torch.utils._pytree as pytree
 from torch.fx.experimental.proxy_tensor import make_fx
-from torch.func import functional_call
+# functional_call without calling the module: the root's own hooks stay out of the trace.
+from torch.nn.utils.stateless import _reparametrize_module
 
 from .inputs import InputLayout, TensorSpec, input_layout
 from .state import cuda_devices, preserved_state
@@ -33,6 +35,45 @@ from .state import cuda_devices, preserved_state
 
 class CaptureError(RuntimeError):
     """The model's training step could not be captured as a graph."""
+
+
+class ModelCallError(CaptureError):
+    """The model (or the loss function) raised when run eagerly on the example inputs: the inputs do
+    not fit the model, or the model is broken. No plan can be made; falling back would not help."""
+
+
+class TraceError(CaptureError):
+    """The model runs eagerly but the tracer cannot follow its forward (Python control flow on
+    tensor values, an op fake tensors do not support...). ``planner.plan`` falls back to
+    checkpointing whole blocks with torch.utils.checkpoint (planner/fallback.py). ``reason`` is the
+    tracer's error, in one short line."""
+
+    def __init__(self, message: str, reason: str = ""):
+        super().__init__(message)
+        self.reason = reason or message
+
+
+# Device types whose autocast state a plan records (torch.autocast's device_type).
+AUTOCAST_DEVICES = ("cpu", "cuda")
+
+
+def autocast_state() -> str:
+    """The ambient autocast state as text: ``"cpu:bfloat16"``, ``"cpu:bfloat16,cuda:float16"``, or
+    ``""`` when autocast is off. A trace made under autocast contains its casts, so the state is
+    part of what a plan was made for."""
+    enabled = [d for d in AUTOCAST_DEVICES if torch.is_autocast_enabled(d)]
+    return ",".join(f"{d}:{str(torch.get_autocast_dtype(d)).replace('torch.', '')}" for d in enabled)
+
+
+@contextlib.contextmanager
+def autocast_disabled():
+    """Run a traced graph exactly as traced: its casts are already ops of the graph, and autocast
+    applied again on top could cast an op's inputs a second time."""
+    with contextlib.ExitStack() as stack:
+        for device in AUTOCAST_DEVICES:
+            if torch.is_autocast_enabled(device):
+                stack.enter_context(torch.autocast(device, enabled=False))
+        yield
 
 
 # Roles of the graph's placeholders, in order.
@@ -79,6 +120,7 @@ class JointGraph:
     loss: LossInfo
     capture_seconds: float = 0.0
     module_names: dict = field(default_factory=dict)
+    autocast: str = ""  # autocast_state() while tracing: the graph contains its casts
 
 
 def default_loss(output) -> torch.Tensor:
@@ -95,7 +137,10 @@ def _run_planning_loss(model, args, kwargs, loss_fn, repeats: int = 3) -> tuple[
     The outputs are detached first: the loss's gradient is wanted wrt each output as the caller sees
     it, not through the model (a Hugging Face model's ``loss`` output depends on its ``logits``).
     """
-    output = model(*args, **kwargs)
+    try:
+        output = model.forward(*args, **kwargs)
+    except Exception as error:  # a user's mistake (inputs that do not fit the model), not a bug of ours
+        raise ModelCallError(f"the model raised on the example inputs: {_first_line(error)}") from error
     leaves, spec = pytree.tree_flatten(output)
     tensor_positions = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]
     if not any(leaves[i].requires_grad for i in tensor_positions):
@@ -111,7 +156,10 @@ def _run_planning_loss(model, args, kwargs, loss_fn, repeats: int = 3) -> tuple[
     for _ in range(repeats):
         sync()
         start = time.perf_counter()
-        loss = loss_fn(pytree.tree_unflatten(detached, spec))
+        try:
+            loss = loss_fn(pytree.tree_unflatten(detached, spec))
+        except Exception as error:
+            raise ModelCallError(f"the loss function raised on the model's output: {_first_line(error)}") from error
         if not isinstance(loss, torch.Tensor) or loss.numel() != 1 or not loss.is_floating_point():
             raise CaptureError(f"loss_fn must return a scalar floating-point tensor, got {_describe(loss)}")
         if not loss.requires_grad:
@@ -128,6 +176,11 @@ def _run_planning_loss(model, args, kwargs, loss_fn, repeats: int = 3) -> tuple[
         tangent_specs=tuple(TensorSpec.of(g) for _, g in used),
     )
     return info, [g.detach() for _, g in used]
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return f"{type(error).__name__}: {text.splitlines()[0]}" if text else type(error).__name__
 
 
 def _describe(value) -> str:
@@ -222,7 +275,10 @@ def capture(
     """Trace the joint forward+backward graph of ``model`` on ``(args, kwargs)``.
 
     Runs ``loss_fn`` once eagerly to learn which outputs it differentiates; with ``loss`` (from a
-    saved plan) that is known and nothing runs eagerly. Returns the graph and example tangents (the
+    saved plan) that is known and nothing runs eagerly. ``model.forward`` is traced, not
+    ``model(...)``: hooks on the root module are not part of the step, because the planned module
+    runs them around its own forward. That keeps wrappers that work through root hooks (FSDP2's
+    all-gather and reshard) out of the graph when a saved plan is traced inside them. Returns the graph and example tangents (the
     loss's real gradients, or zeros). The model, its buffers and the global RNG are left as they were.
     """
     started = time.perf_counter()
@@ -253,7 +309,8 @@ def capture(
         p_vals, f_vals, b_vals, in_vals, tangent_vals = chunks
         state = {**dict(zip(names[0], p_vals)), **dict(zip(names[1], f_vals)), **dict(zip(names[2], b_vals))}
         call_args, call_kwargs = layout.unflatten(in_vals)
-        output = functional_call(model, state, call_args, call_kwargs)
+        with _reparametrize_module(model, state, tie_weights=True):
+            output = model.forward(*call_args, **call_kwargs)
         out_leaves, seen["spec"] = pytree.tree_flatten(output)
         seen["positions"] = [i for i, leaf in enumerate(out_leaves) if isinstance(leaf, torch.Tensor)]
         seen["constants"] = {i: leaf for i, leaf in enumerate(out_leaves) if not isinstance(leaf, torch.Tensor)}
@@ -270,17 +327,20 @@ def capture(
     try:
         with fx_traceback.preserve_node_meta(), _ModuleTagger(model) as tagger:
             traced = make_fx(joint, tracing_mode="fake", decomposition_table=_DECOMPOSITIONS)(*flat_inputs)
-            functional = make_fx(torch.func.functionalize(_replay(traced), remove="mutations"), tracing_mode="fake")(
-                *flat_inputs
-            )
+            with autocast_disabled():  # the first trace recorded autocast's casts; replay them as they are
+                functional = make_fx(
+                    torch.func.functionalize(_replay(traced), remove="mutations"), tracing_mode="fake"
+                )(*flat_inputs)
     except CaptureError:
         raise
     except Exception as error:  # the tracer's own messages are long; keep the first line
-        first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise CaptureError(
-            f"could not trace the model's training step ({type(error).__name__}: {first_line}). "
+        reason = _first_line(error)
+        reason = reason if len(reason) <= 160 else reason[:157] + "..."
+        raise TraceError(
+            f"could not trace the model's training step ({reason}). "
             "The model's forward must be traceable by torch.fx.experimental.proxy_tensor.make_fx "
-            "(no data-dependent Python control flow on tensor values)."
+            "(no data-dependent Python control flow on tensor values).",
+            reason=reason,
         ) from error
     tensor_positions = seen["positions"]
     grad_targets_present = seen["present"]
@@ -326,5 +386,6 @@ def capture(
         output_requires_grad=seen["requires_grad"],
         loss=loss,
         capture_seconds=time.perf_counter() - started,
+        autocast=autocast_state(),
     )
     return joint, tangents

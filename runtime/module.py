@@ -21,14 +21,16 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
-from profiler.capture import JointGraph, LossInfo, capture
+from profiler.capture import JointGraph, LossInfo, autocast_disabled, autocast_state, capture
 from profiler.costgraph import build_cost_graph
 from profiler.inputs import InputMismatch
 from profiler.measure import OpTimes
 from profiler.api import choose_grouping
 from profiler.state import cuda_devices
 
-from .executor import Executor
+from solvers import simulate
+
+from .executor import Executor, ScheduleError
 from .programs import compile_programs
 
 
@@ -44,7 +46,8 @@ class _Step(torch.autograd.Function):
         ctx.bound = bound
         ctx.set_materialize_grads(False)
         fixed = bound.fixed_values(module, tensors)
-        outputs, state = bound.executor.forward(fixed)
+        with autocast_disabled():  # the graph holds autocast's casts already (docs/runtime.md)
+            outputs, state = bound.executor.forward(fixed)
         ctx.state, ctx.fixed = state, fixed
         requires_grad = bound.joint.output_requires_grad
         ctx.mark_non_differentiable(*[o for o, r in zip(outputs, requires_grad) if not r or not o.is_floating_point()])
@@ -54,7 +57,8 @@ class _Step(torch.autograd.Function):
     def backward(ctx, *grad_outputs):
         bound: _Bound = ctx.bound
         tangents = bound.tangents(grad_outputs)
-        gradients = bound.executor.backward(ctx.state, tangents, ctx.fixed)
+        with autocast_disabled():  # a backward() called inside torch.autocast must not re-cast
+            gradients = bound.executor.backward(ctx.state, tangents, ctx.fixed)
         ctx.state = ctx.fixed = None
         return (None, None, *bound.input_gradients(gradients))
 
@@ -144,6 +148,9 @@ def _bind(model: torch.nn.Module, plan, args: tuple, kwargs: dict) -> _Bound:
                 "this plan was made for a different model or different input shapes (graph fingerprint "
                 f"{plan.fingerprint}, this model gives {graph.graph['fingerprint']}); make a new plan for it"
             )
+    outcome = simulate(graph, plan.schedule)
+    if not outcome.valid:  # a plan file whose schedule was edited: refuse before running any of it
+        raise ScheduleError(f"the plan's schedule is not valid for this model's graph: {outcome.error}")
     devices = cuda_devices([*model.parameters()])
     executor = Executor(compile_programs(joint, grouping, graph), plan.schedule, graph, devices)
     bound = _Bound(model, joint, executor)
@@ -151,11 +158,15 @@ def _bind(model: torch.nn.Module, plan, args: tuple, kwargs: dict) -> _Bound:
 
 
 def _planned_forward(self, *args, **kwargs):
-    original = super(type(self), self).forward
+    # Not super(type(self), self): wrappers that swap the class (FSDP2's fully_shard makes
+    # FSDP<Planned...>) would make that name this very function again.
+    original = functools.partial(type(self)._planned_original.forward, self)
     if not self.training or not torch.is_grad_enabled() or self.__dict__.get("_planned_tracing"):
         return original(*args, **kwargs)
+    _check_autocast(getattr(self.plan, "autocast", ""))
     bound = self.__dict__.get("_planned_bound")
     if bound is None:
+        _check_no_sharded_submodules(self)
         self.__dict__["_planned_tracing"] = True  # tracing this module traces the original forward
         try:
             bound = _bind(self, self.plan, args, kwargs)
@@ -166,6 +177,37 @@ def _planned_forward(self, *args, **kwargs):
     tensors = bound.function_inputs(self, inputs)
     outputs = _Step.apply(bound, self, *tensors)
     return bound.assemble(outputs)
+
+
+def _describe_autocast(state: str) -> str:
+    return f"torch.autocast ({state})" if state else "no autocast"
+
+
+def _check_autocast(planned: str) -> None:
+    """The graph was traced under the plan's autocast state and contains its casts: run under
+    another state, the step would silently compute in other dtypes than the caller asked for."""
+    current = autocast_state()
+    if current != planned:
+        raise PlanMismatch(
+            f"this plan was made under {_describe_autocast(planned)} but is called under "
+            f"{_describe_autocast(current)}; call the module under the same autocast as at planning time, "
+            "or make a plan under this one"
+        )
+
+
+def _check_no_sharded_submodules(module: torch.nn.Module) -> None:
+    """FSDP2 works through forward hooks on each module it shards; the plan runs the traced step,
+    never the submodules' forward, so those hooks would never gather their parameters."""
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:  # torch built without distributed
+        return
+    inner = [name for name, m in module.named_modules() if m is not module and isinstance(m, FSDPModule)]
+    if inner:
+        raise PlanMismatch(
+            f"submodule {inner[0]!r} is sharded by fully_shard on its own; a planned module runs its whole "
+            "step as one graph, so apply fully_shard to the planned module as a whole (plan, apply, then wrap)"
+        )
 
 
 @functools.lru_cache(maxsize=None)
