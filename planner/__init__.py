@@ -6,7 +6,7 @@
 >>> fast = planner.checkpoint(model, example_inputs, budget="60%")  # doctest: +SKIP
 """
 
-from .api import BudgetInfeasible, apply, checkpoint, load, plan
+from .api import BudgetInfeasible, FallbackWarning, apply, checkpoint, load, plan, plan_untraceable
 from .budget import ACCEPTED_FORMS, Budget, BudgetError, format_bytes, parse_budget
 from .plan import Plan, PlanFileError
 
@@ -15,6 +15,7 @@ __all__ = [
     "Budget",
     "BudgetError",
     "BudgetInfeasible",
+    "FallbackWarning",
     "Plan",
     "PlanFileError",
     "apply",
@@ -23,4 +24,5 @@ __all__ = [
     "load",
     "parse_budget",
     "plan",
+    "plan_untraceable",
 ]

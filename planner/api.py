@@ -12,9 +12,10 @@ from solvers import Infeasible, simulate, solve
 from solvers.store_all import store_all_schedule
 
 from .budget import format_bytes, parse_budget
+from .fallback import FallbackWarning, ModuleChainPlan, plan_module_chain
 from .plan import Plan, load
 
-__all__ = ["BudgetInfeasible", "Plan", "apply", "checkpoint", "load", "plan"]
+__all__ = ["BudgetInfeasible", "FallbackWarning", "Plan", "apply", "checkpoint", "load", "plan", "plan_untraceable"]
 
 
 class BudgetInfeasible(Infeasible):
@@ -41,10 +42,17 @@ def plan(
     ``profile`` reuses an earlier :func:`profiler.profile` of the same model and inputs.
 
     Raises :class:`BudgetInfeasible` (with ``min_budget``) when the budget cannot be met.
+
+    A model whose forward the tracer cannot follow (Python control flow on tensor values) gets a
+    :class:`planner.fallback.ModuleChainPlan` instead, with a :class:`FallbackWarning`: whole blocks
+    checkpointed with torch.utils.checkpoint, its figures measured (see :func:`plan_untraceable`).
     """
     parsed = parse_budget(budget)
     if profile is None:
-        profile = profiler.profile(model, example_inputs, loss_fn=loss_fn, granularity=granularity)
+        try:
+            profile = profiler.profile(model, example_inputs, loss_fn=loss_fn, granularity=granularity)
+        except profiler.TraceError as error:
+            return plan_untraceable(model, example_inputs, parsed, loss_fn=loss_fn, reason=error.reason)
     graph = profile.graph
     fixed = int(graph.graph["fixed_bytes"])
     store_all = simulate(graph, store_all_schedule(graph))
@@ -85,6 +93,7 @@ def plan(
         inputs=joint.layout.signature,
         model=type(model).__name__,
         profile_seconds=profile.seconds,
+        autocast=getattr(joint, "autocast", ""),
         profile=profile,
     )
 
@@ -101,10 +110,26 @@ def _minimum_budget(graph, solver: str, error: Infeasible, time_limit) -> int:
     return simulate(graph, store_all_schedule(graph)).peak_bytes
 
 
+def plan_untraceable(model: torch.nn.Module, example_inputs, budget="100%", loss_fn: Callable | None = None,
+                     reason: str = "") -> ModuleChainPlan:
+    """The fallback for a model the tracer cannot follow (planner/fallback.py): checkpoint whole
+    blocks of its chain of repeated blocks with torch.utils.checkpoint, as few as make the measured
+    step fit ``budget``. Warns :class:`FallbackWarning`; raises :class:`BudgetInfeasible` with the
+    measured minimum, or :class:`planner.fallback.NoChainFound`."""
+    parsed = parse_budget(budget)
+    try:
+        return plan_module_chain(model, example_inputs, parsed, loss_fn=loss_fn, reason=reason)
+    except Infeasible as error:
+        raise BudgetInfeasible(f"budget {parsed}: {error}", min_budget=error.min_budget, method=error.method) from None
+
+
 def apply(model: torch.nn.Module, plan: Plan) -> torch.nn.Module:
-    """A module sharing ``model``'s parameters whose training step runs ``plan`` (see runtime.apply)."""
+    """A module sharing ``model``'s parameters whose training step runs ``plan`` (see runtime.apply;
+    a fallback plan checkpoints its blocks, runtime.apply_module_chain)."""
     if not isinstance(plan, Plan):
         raise TypeError(f"apply() takes a planner.Plan (from plan() or load()), got {type(plan).__name__}")
+    if isinstance(plan, ModuleChainPlan):
+        return runtime.apply_module_chain(model, plan)
     return runtime.apply(model, plan)
 
 

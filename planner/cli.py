@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+import warnings
 
 EXIT_USAGE = 2
 EXIT_INFEASIBLE = 3
@@ -45,7 +47,9 @@ def _plan_parser() -> argparse.ArgumentParser:
         epilog="Other commands: 'plan-checkpoints batch CONFIG.yaml', 'plan-checkpoints show plan.json'.",
     )
     parser.add_argument("model", help="model file defining build_model() and example_inputs()")
-    parser.add_argument("--budget", required=True, help=f"peak memory of the whole step: {ACCEPTED_FORMS}")
+    parser.add_argument("--budget", required=True,
+                        help=f"peak memory of the whole step on one device (with several processes, each "
+                             f"rank's own): {ACCEPTED_FORMS}")
     parser.add_argument("--solver", default="auto", choices=_methods(), help="solver (default: auto)")
     parser.add_argument("--device", default=None, choices=["cpu", "cuda"], help="device to profile on (default: where build_model puts it)")
     parser.add_argument("--out", default="plan.json", help="where to write the plan (default: plan.json)")
@@ -89,6 +93,8 @@ def _summary_json(plan, out: str) -> dict:
         "nodes": plan.graph.number_of_nodes(),
         "recomputed_nodes": len(plan.recomputed()),
         "message": info.message,
+        "figures": "measured" if getattr(plan, "fallback", "") else "predicted",
+        "fallback": getattr(plan, "fallback", "") or None,
     }
 
 
@@ -128,12 +134,22 @@ def run_plan(argv: list[str]) -> int:
         return _run_max_batch(args, model_file, budget, progress)
     import profiler
 
+    untraceable = None
     with progress.task(f"Profiling {type(model_file.model).__name__}"):
-        profile = profiler.profile(model_file.model, model_file.example_inputs, loss_fn=model_file.loss_fn,
-                                   granularity=args.granularity)
-    with progress.task(f"Solving with {args.solver}"):
-        plan = api.plan(model_file.model, model_file.example_inputs, budget, solver=args.solver,
-                        time_limit=args.time_limit, profile=profile)
+        try:
+            profile = profiler.profile(model_file.model, model_file.example_inputs, loss_fn=model_file.loss_fn,
+                                       granularity=args.granularity)
+        except profiler.TraceError as error:  # planner/fallback.py: checkpoint whole blocks instead
+            untraceable = error
+    if untraceable is not None:
+        os.environ.setdefault("KINETO_LOG_LEVEL", "99")  # the measuring profiler's start/stop lines
+        with progress.task("Could not trace the model; measuring whole blocks to checkpoint"):
+            plan = api.plan_untraceable(model_file.model, model_file.example_inputs, budget,
+                                        loss_fn=model_file.loss_fn, reason=untraceable.reason)
+    else:
+        with progress.task(f"Solving with {args.solver}"):
+            plan = api.plan(model_file.model, model_file.example_inputs, budget, solver=args.solver,
+                            time_limit=args.time_limit, profile=profile)
     plan.save(args.out)
     if args.json:
         print(json.dumps(_summary_json(plan, args.out), indent=1))
@@ -165,7 +181,19 @@ def _run_max_batch(args, model_file, budget, progress) -> int:
     return 0
 
 
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """Warnings as one line each, like errors (the fallback's FallbackWarning among them)."""
+    text = " ".join(str(message).split())
+    print(f"plan-checkpoints: warning: {text}", file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
+    with warnings.catch_warnings():
+        warnings.showwarning = _show_warning
+        return _main(argv)
+
+
+def _main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     from planner.budget import BudgetError
     from planner.api import BudgetInfeasible

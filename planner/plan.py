@@ -17,6 +17,7 @@ from typing import Any
 import networkx as nx
 import torch
 
+from profiler.costgraph import fingerprint as graph_fingerprint
 from profiler.inputs import TensorSpec
 from solvers import Schedule, simulate
 from solvers.schedule import COMPUTE
@@ -53,6 +54,7 @@ class Plan:
     inputs: list[str] = field(default_factory=list)
     model: str = ""
     profile_seconds: float = 0.0
+    autocast: str = ""  # autocast state the step was traced under ("cpu:bfloat16"); "" for none
     profile: Any = field(default=None, repr=False, compare=False)  # the in-memory Profile, not saved
 
     @property
@@ -108,6 +110,9 @@ class Plan:
             f"Predicted time:    {self.predicted_seconds * 1000:.1f} ms per step, {self.predicted_overhead:+.1%} "
             f"over {self.unplanned_seconds * 1000:.1f} ms without checkpointing",
         ]
+        if self.autocast:
+            lines.append(f"Autocast:          traced under torch.autocast ({self.autocast}); call the module under "
+                         "the same autocast")
         recomputed = self.recomputed()
         kept = self.kept_for_backward()
         kept_bytes = sum(self.graph.nodes[n]["mem"] for n in kept)
@@ -140,6 +145,7 @@ class Plan:
             "unplanned_seconds": self.unplanned_seconds,
             "predicted_overhead": self.predicted_overhead,
             "profile_seconds": self.profile_seconds,
+            "autocast": self.autocast,
             "tangent_outputs": list(self.tangent_outputs),
             "tangent_specs": [
                 {"shape": list(s.shape), "dtype": str(s.dtype).replace("torch.", ""), "device": s.device}
@@ -174,12 +180,16 @@ class Plan:
                 fingerprint=str(data["fingerprint"]), granularity=str(data["granularity"]), device=str(data["device"]),
                 torch_version=str(data["torch_version"]), tangent_outputs=tuple(int(i) for i in data["tangent_outputs"]),
                 tangent_specs=specs, inputs=[str(s) for s in data.get("inputs", [])], model=str(data.get("model", "")),
-                profile_seconds=float(data.get("profile_seconds", 0.0)),
+                profile_seconds=float(data.get("profile_seconds", 0.0)), autocast=_text(data.get("autocast", "")),
             )
         except PlanFileError:
             raise
-        except (KeyError, TypeError, ValueError, AttributeError) as error:
+        except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as error:
             raise PlanFileError(f"{source} is not a valid plan: {type(error).__name__}: {error}") from None
+        if graph.graph.get("fingerprint") != graph_fingerprint(graph):
+            # The runtime re-traces the model and checks the plan's fingerprint against it; a graph
+            # edited by hand would let a schedule through that the real graph cannot run.
+            raise PlanFileError(f"{source}: its cost graph does not match its fingerprint (the file was edited)")
         outcome = simulate(plan.graph, plan.schedule)
         if not outcome.valid:
             raise PlanFileError(f"{source}: its schedule is not valid for its own graph ({outcome.error})")
@@ -187,10 +197,18 @@ class Plan:
 
 
 def _dtype(name: str) -> torch.dtype:
-    dtype = getattr(torch, name, None)
+    # torch.__dict__, not getattr(torch, name): a name from a file must not reach the module's lazy
+    # __getattr__, which imports submodules.
+    dtype = torch.__dict__.get(name) if isinstance(name, str) else None
     if not isinstance(dtype, torch.dtype):
         raise ValueError(f"unknown dtype {name!r}")
     return dtype
+
+
+def _text(value) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"expected a string, got {type(value).__name__}")
+    return value
 
 
 _NODE_FIELDS = ("cost", "mem", "workspace", "output", "pinned", "kind", "module", "ops", "random", "value_class")
@@ -248,12 +266,18 @@ def load(path: str | os.PathLike) -> Plan:
     """Read a plan saved by :meth:`Plan.save`. Raises :class:`PlanFileError` with the reason."""
     path = os.fspath(path)
     try:
-        with open(path) as file:
-            text = file.read()
+        with open(path, "rb") as file:
+            raw = file.read()
     except OSError as error:
         raise PlanFileError(f"cannot read plan file {path}: {error.strerror or error}") from None
     try:
-        data = json.loads(text)
+        data = json.loads(raw.decode("utf-8"))
     except json.JSONDecodeError as error:
         raise PlanFileError(f"{path} is not valid JSON (line {error.lineno}, column {error.colno}: {error.msg})") from None
+    except (UnicodeDecodeError, RecursionError) as error:  # binary junk; absurdly nested arrays
+        raise PlanFileError(f"{path} is not a JSON plan ({type(error).__name__})") from None
+    from .fallback import CHAIN_FORMAT, ModuleChainPlan  # fallback extends Plan: imported here, not above
+
+    if isinstance(data, dict) and data.get("format") == CHAIN_FORMAT:
+        return ModuleChainPlan.from_dict(data, source=path)
     return Plan.from_dict(data, source=path)

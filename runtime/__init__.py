@@ -4,7 +4,8 @@
 >>> fast = runtime.apply(model, plan)      # shares model's parameters   # doctest: +SKIP
 """
 
+from .chain import apply_module_chain, checkpoint_blocks
 from .executor import ScheduleError
 from .module import InputMismatch, PlanMismatch, apply
 
-__all__ = ["InputMismatch", "PlanMismatch", "ScheduleError", "apply"]
+__all__ = ["InputMismatch", "PlanMismatch", "ScheduleError", "apply", "apply_module_chain", "checkpoint_blocks"]

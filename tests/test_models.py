@@ -1,0 +1,328 @@
+"""Real-world model kinds: the planned module's gradients equal the unplanned model's.
+
+Every traced model runs the heaviest schedule there is, "recompute everything" (each forward node
+computed again in the backward), so each kind of op is recomputed at least once. The comparison is
+exact (relative error 0) where the ops are the same, which they are: the planned step runs the
+traced aten ops of the original step in the same dtypes. Dropout (test_runtime.py) and BatchNorm's
+running statistics (test_runtime.py) are covered there; here they appear inside other models.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+import torch.utils._pytree as pytree
+from torch import nn
+
+import planner
+import profiler
+import runtime
+from models import gpt2, gpt2_inputs, hf_loss, max_relative_error, training_step
+from schedules import recompute_everything, with_schedule
+
+
+def recomputing_plan(model, inputs, loss_fn=None):
+    """A plan of ``model`` whose schedule recomputes every forward node in the backward."""
+    plan = planner.plan(model, inputs, budget="100%", solver="store-all", loss_fn=loss_fn)
+    return with_schedule(plan, recompute_everything(plan.graph))
+
+
+def assert_same_step(original, planned, inputs, loss_fn):
+    loss0, grads0, rng0 = training_step(original, inputs, loss_fn)
+    loss1, grads1, rng1 = training_step(planned, inputs, loss_fn)
+    assert torch.equal(loss0, loss1)
+    assert max_relative_error(grads0, grads1) == 0.0
+    assert torch.equal(rng0, rng1)
+    return grads1
+
+
+# -- keyword and dict inputs; dict, tuple and non-tensor outputs -------------------------------------
+class KeywordModel(nn.Module):
+    """Keyword arguments (a tensor, a float, a default left out), a dict output with a nested tuple
+    holding a non-tensor."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b, self.drop = nn.Linear(8, 8), nn.Linear(8, 8), nn.Dropout(0.2)
+
+    def forward(self, x, mask=None, scale=1.0, unused=None):
+        h = self.drop(torch.tanh(self.a(x))) * scale
+        if mask is not None:
+            h = h * mask
+        return {"out": self.b(h), "aux": (h.mean(), 3), "note": "text"}
+
+
+def keyword_loss(output):
+    return output["out"].pow(2).sum() + output["aux"][0]
+
+
+def test_keyword_inputs_and_dict_output(tmp_path):
+    model = KeywordModel()
+    inputs = {"x": torch.randn(4, 8), "mask": (torch.rand(4, 8) > 0.5).float(), "scale": 2.0}
+    plan = recomputing_plan(model, inputs, keyword_loss)
+    planned = planner.apply(model, plan)
+    output = planned(**inputs)
+    assert set(output) == {"out", "aux", "note"} and output["aux"][1] == 3 and output["note"] == "text"
+    assert_same_step(model, planned, inputs, keyword_loss)
+    plan.save(tmp_path / "plan.json")  # a saved plan re-traces the keyword call
+    assert_same_step(model, planner.apply(model, planner.load(tmp_path / "plan.json")), inputs, keyword_loss)
+    with pytest.raises(runtime.InputMismatch, match="non-tensor input"):
+        planned(**{**inputs, "scale": 3.0})
+
+
+# -- several losses, a tuple output, frozen parameters ---------------------------------------------------
+class TwoLosses(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.trunk, self.regress, self.classify = nn.Linear(8, 16), nn.Linear(16, 1), nn.Linear(16, 3)
+        self.trunk.weight.requires_grad_(False)  # frozen: a resident input of the graph, no gradient
+
+    def forward(self, x, target):
+        h = torch.tanh(self.trunk(x))
+        return (self.regress(h) - target).pow(2).mean(), nn.functional.cross_entropy(self.classify(h), target.long().view(-1) % 3)
+
+
+def sum_of_losses(output):
+    return output[0] + output[1]
+
+
+def test_several_losses_and_frozen_parameters():
+    model = TwoLosses()
+    inputs = (torch.randn(6, 8), torch.randint(0, 3, (6, 1)).float())
+    plan = recomputing_plan(model, inputs, sum_of_losses)
+    grads = assert_same_step(model, planner.apply(model, plan), inputs, sum_of_losses)
+    assert "trunk.weight" not in grads and "trunk.bias" in grads
+    assert model.trunk.weight.grad is None
+
+
+# -- in-place ops and views, BatchNorm with an in-place ReLU -------------------------------------------
+class InPlace(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.a, self.b = nn.Linear(8, 8), nn.Linear(8, 8)
+        self.norm, self.relu = nn.BatchNorm1d(8), nn.ReLU(inplace=True)
+
+    def forward(self, x):
+        h = self.a(x)
+        h.add_(x)  # x.add_(y) on an activation
+        h = self.relu(self.norm(h))  # the classic in-place ReLU after BatchNorm
+        g = self.b(h)
+        g[:, :4] = h[:, 4:] * 2  # slicing assignment on an activation
+        g.view(-1)[::3].mul_(1.5)  # in place through a strided view
+        return torch.relu_(g)
+
+
+def test_in_place_ops_and_views():
+    original, twin = InPlace(), InPlace()
+    inputs = (torch.randn(6, 8),)
+    planned = planner.apply(twin, recomputing_plan(twin, inputs))
+    assert_same_step(original, planned, inputs, None)
+    for a, b in zip(original.buffers(), twin.buffers()):  # running statistics: once per step, same values
+        assert torch.equal(a, b)
+
+
+# -- tied parameters: Hugging Face GPT-2's embeddings are its output projection ---------------------------
+def test_gpt2_tied_embeddings():
+    model, inputs = gpt2(layers=1, embd=32, vocab=100, positions=16), gpt2_inputs(batch=2, tokens=16, vocab=100)
+    assert model.lm_head.weight is model.transformer.wte.weight
+    planned = planner.apply(model, recomputing_plan(model, inputs, hf_loss))
+    assert planned.lm_head.weight is planned.transformer.wte.weight
+    grads = assert_same_step(model, planned, inputs, hf_loss)
+    assert "transformer.wte.weight" in grads and "lm_head.weight" not in grads  # one parameter, both uses
+
+
+# -- torch.autocast -----------------------------------------------------------------------------------
+def test_bf16_autocast_plan_runs_under_the_same_autocast(tmp_path):
+    """The plan records autocast; the traced graph holds the casts, so the runtime runs it with
+    autocast off (docs/runtime.md). Same kernels, same dtypes: the gradients are bit-identical to the
+    unplanned model's under the same autocast (investigated: CPU bf16 matmuls are deterministic)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Dropout(0.1), nn.Linear(32, 32), nn.LayerNorm(32),
+                          nn.Linear(32, 4))
+    inputs = (torch.randn(8, 16),)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        plan = recomputing_plan(model, inputs)
+    assert plan.autocast == "cpu:bfloat16" and "autocast" in plan.summary()
+    planned = planner.apply(model, plan)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert planned(*inputs).dtype == torch.bfloat16
+        assert_same_step(model, planned, inputs, None)
+    with pytest.raises(runtime.PlanMismatch, match=r"made under torch.autocast \(cpu:bfloat16\).*no autocast"):
+        planned(*inputs)
+    with torch.autocast("cpu", dtype=torch.float16), pytest.raises(runtime.PlanMismatch, match="cpu:float16"):
+        planned(*inputs)
+    plan.save(tmp_path / "plan.json")
+    loaded = planner.load(tmp_path / "plan.json")
+    assert loaded.autocast == "cpu:bfloat16"
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert_same_step(model, planner.apply(model, loaded), inputs, None)
+    with torch.no_grad():  # inference runs the original forward, under whatever autocast
+        planned(*inputs)
+
+
+def test_gpt2_under_bf16_autocast():
+    model, inputs = gpt2(layers=1, embd=32, vocab=100, positions=16), gpt2_inputs(batch=2, tokens=16, vocab=100)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        planned = planner.apply(model, recomputing_plan(model, inputs, hf_loss))
+        assert_same_step(model, planned, inputs, hf_loss)
+
+
+def test_a_plan_made_without_autocast_is_refused_under_autocast():
+    model, inputs = nn.Linear(4, 4), (torch.randn(2, 4),)
+    planned = planner.checkpoint(model, inputs, budget="100%", solver="store-all")
+    with torch.autocast("cpu", dtype=torch.bfloat16), pytest.raises(runtime.PlanMismatch, match="no autocast"):
+        planned(*inputs)
+
+
+# -- Python control flow the tracer cannot follow: checkpoint whole blocks ---------------------------------
+class Block(nn.Module):
+    def __init__(self, width: int):
+        super().__init__()
+        self.linear, self.drop = nn.Linear(width, width), nn.Dropout(0.1)
+
+    def forward(self, x):
+        h = self.drop(torch.tanh(self.linear(x)))
+        if h.mean() > 0:  # data-dependent: make_fx cannot follow it
+            h = h * 2
+        return x + h
+
+
+class Untraceable(nn.Module):
+    def __init__(self, width: int = 64, blocks: int = 6):
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed = nn.Linear(width, width)
+        self.blocks = nn.ModuleList(Block(width) for _ in range(blocks))
+        self.head = nn.Linear(width, 2)
+
+    def forward(self, x):
+        x = self.embed(x)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
+UNTRACEABLE_INPUTS = (torch.randn(64, 64, generator=torch.Generator().manual_seed(3)),)
+
+
+@pytest.fixture(scope="module")
+def fallback():
+    model = Untraceable()
+    with pytest.raises(profiler.TraceError):
+        profiler.profile(model, UNTRACEABLE_INPUTS)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        plan = planner.plan(model, UNTRACEABLE_INPUTS, budget="90%")
+    return model, plan, [w for w in caught if issubclass(w.category, planner.FallbackWarning)]
+
+
+def test_untraceable_model_falls_back_to_checkpointing_blocks_and_says_so(fallback):
+    model, plan, caught = fallback
+    assert len(caught) == 1 and "torch.utils.checkpoint" in str(caught[0].message)
+    assert plan.chain.container == "blocks" and len(plan.chain.blocks) == 6
+    assert 0 < len(plan.chain.checkpointed) <= 6
+    assert plan.method == "module-chain" and "FALLBACK" in plan.summary() and "measured" in plan.fallback
+    assert plan.predicted_peak_bytes <= plan.budget_bytes < plan.unplanned_peak_bytes
+    planned = planner.apply(model, plan)
+    checkpointed = {f"blocks.{i}" for i in range(6) if type(planned.blocks[i]).__name__ == "CheckpointedBlock"}
+    assert checkpointed == set(plan.chain.checkpointed)
+    assert all(type(b) is Block for b in model.blocks)  # the original is untouched
+    assert list(planned.state_dict()) == list(model.state_dict())
+    assert all(a is b for a, b in zip(planned.parameters(), model.parameters()))
+    assert_same_step(model, planned, UNTRACEABLE_INPUTS, None)  # dropout replayed: bit-identical
+
+
+def test_fallback_figures_are_measured(fallback):
+    model, plan, _ = fallback
+    measured = profiler.measure_step(planner.apply(model, plan), UNTRACEABLE_INPUTS, repeats=1)
+    assert abs(measured.peak_bytes - plan.predicted_peak_bytes) <= 0.02 * plan.predicted_peak_bytes
+    assert plan.to_dict()["figures"] == "measured"
+
+
+def test_fallback_plan_saves_loads_and_refuses_another_model(fallback, tmp_path):
+    model, plan, _ = fallback
+    path = tmp_path / "plan.json"
+    plan.save(path)
+    loaded = planner.load(path)
+    assert isinstance(loaded, planner.fallback.ModuleChainPlan) and loaded.chain == plan.chain
+    assert_same_step(model, planner.apply(model, loaded), UNTRACEABLE_INPUTS, None)
+    with pytest.raises(runtime.PlanMismatch, match="different model"):
+        planner.apply(Untraceable(width=32), loaded)
+    with pytest.raises(runtime.PlanMismatch, match="does not have"):
+        planner.apply(Untraceable(blocks=4), loaded)
+
+
+def test_fallback_budget_below_the_measured_minimum(fallback):
+    model, _, _ = fallback
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", planner.FallbackWarning)
+        with pytest.raises(planner.BudgetInfeasible, match="measured with all 6 blocks checkpointed") as raised:
+            planner.plan(model, UNTRACEABLE_INPUTS, budget=1)
+    assert raised.value.min_budget > 1
+
+
+def test_untraceable_model_without_a_chain_is_a_clear_error():
+    class NoChain(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = nn.Linear(4, 4)
+
+        def forward(self, x):
+            return self.a(x) * 2 if x.sum() > 0 else self.a(x)
+
+    with pytest.raises(profiler.CaptureError, match="no chain of blocks"):
+        planner.plan(NoChain(), (torch.randn(2, 4),), budget="50%")
+
+
+def test_fallback_from_the_command_line(tmp_path):
+    from test_cli import model_file, run
+
+    text = """
+    import torch
+    from torch import nn
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = nn.Linear(64, 64)
+
+        def forward(self, x):
+            h = torch.tanh(self.linear(x))
+            return x + (h * 2 if h.mean() > 0 else h)
+
+    def build_model():
+        torch.manual_seed(0)
+        return nn.Sequential(*[Block() for _ in range(4)])
+
+    def example_inputs():
+        return (torch.randn(64, 64, generator=torch.Generator().manual_seed(0)),)
+    """
+    out = tmp_path / "plan.json"
+    result = run(model_file(tmp_path, text), "--budget", "100%", "--out", out)
+    assert result.returncode == 0, result.stderr
+    assert "Traceback" not in result.stderr
+    assert result.stderr.startswith("plan-checkpoints: warning: could not trace")
+    assert "FALLBACK" in result.stdout and "Measured peak" in result.stdout
+    assert planner.load(out).chain.container == ""  # the Sequential model itself is the chain
+
+
+def test_outputs_are_rebuilt_with_their_structure():
+    """A tuple output with a None and an int among the tensors comes back as the original's."""
+
+    class Mixed(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = nn.Linear(4, 4)
+
+        def forward(self, x):
+            h = self.a(x)
+            return h, None, (h.sum(), 7)
+
+    model, inputs = Mixed(), (torch.randn(3, 4),)
+    planned = planner.apply(model, recomputing_plan(model, inputs, lambda out: out[0].sum() + out[2][0]))
+    got, expected = planned(*inputs), model(*inputs)
+    assert pytree.tree_structure(got) == pytree.tree_structure(expected)
+    assert got[1] is None and got[2][1] == 7
