@@ -81,6 +81,9 @@ DEFAULT_ROUNDING_SAMPLES = 48
 WARM_START_METHODS = ("store-all", "chen-greedy", "dp")
 # Time for the minimum-budget MILP when the caller gave no time limit.
 MIN_BUDGET_TIME_LIMIT = 60.0
+# Graphs above this many nodes are refused: a 200-node graph's model has ~10^5 variables and
+# ~2 x 10^5 rows and takes ~10 s and 330 MB to build in PuLP; both grow as n^2.
+MAX_NODES = 600
 # Attempts at re-solving with a tighter budget when rounding in the solver overshoots in bytes.
 TIGHTEN_ATTEMPTS = 3
 # Fractions of the budget offered to the LP in lp-rounding mode, loosest first: a rounding of a
@@ -130,15 +133,18 @@ class CheckmateModel:
     U: dict[tuple[int, int], "pulp.LpVariable"]
     objective_constant: float  # the first computations' cost (normalised): R[t,t] = 1 is not a variable
     peak: "pulp.LpVariable | None" = None  # the min-peak model's objective
-    budget_rows: list = field(default_factory=list)  # U[t,k] + workspace[k] R[t,k] <= budget
+    # (row, fixed part): the rows U[t,k] + workspace[k] R[t,k] <= budget, each with the part of its
+    # right-hand side that is not the budget (a fixed R[t,t] = 1 moves workspace[t] there).
+    budget_rows: list = field(default_factory=list)
     variables: list = field(default_factory=list)  # every variable, in creation order
     rows: list = field(default_factory=list)  # every constraint, in creation order
 
     def set_budget(self, budget: float) -> None:
         """Change the budget (bytes) of the memory rows in place: the LP of lp-rounding at a
         fraction of the budget, a tightened MILP, all without rebuilding the model."""
-        for row in self.budget_rows:
-            row.constant = -budget / self.scales.mem_unit  # PuLP stores "expr <= b" as expr - b <= 0
+        for row, fixed in self.budget_rows:
+            # PuLP stores "expr <= b" as "expr - b <= 0": the constant is -b.
+            row.constant = -(budget / self.scales.mem_unit + fixed)
 
     def r(self, t: int, i: int):
         """``R[t,i]``: a variable, or its fixed value."""
@@ -331,7 +337,8 @@ def build_model(costs: NodeCosts, budget: int | None, scales: Scales,
             if budget is None:
                 rows.add(f"peak_{t}_{k}", during + [(-1, model.peak)], "<=")
             else:
-                model.budget_rows.append(rows.add(f"budget_{t}_{k}", during, "<=", budget / scales.mem_unit))
+                row = rows.add(f"budget_{t}_{k}", during, "<=", budget / scales.mem_unit)
+                model.budget_rows.append((row, -row.constant - budget / scales.mem_unit))
             previous = k
 
     problem.setObjective(objective)
@@ -1081,15 +1088,20 @@ def _solve_lp_rounding(graph, costs, budget, backend, deadline, threads, candida
 
 def solve_ilp(graph, budget: int, time_limit: float | None = None, *, backend: str = "highs",
               mode: str = "exact", threads: int | None = None, warm_start: bool = True,
-              rounding_samples: int = DEFAULT_ROUNDING_SAMPLES, seed: int = 0) -> Schedule:
+              rounding_samples: int = DEFAULT_ROUNDING_SAMPLES, seed: int = 0,
+              max_nodes: int = MAX_NODES) -> Schedule:
     """Checkmate's MILP for ``graph`` under ``budget`` bytes (see the module docstring).
 
     ``backend``: "highs" (highspy through PuLP) or "cbc" (PuLP's bundled CBC). ``mode``: "exact"
     (the MILP; ``status`` "optimal" when proven, else "feasible" with ``gap`` and ``lower_bound``
-    when the time limit stops it) or "lp-rounding" (the LP relaxation and randomized rounding for
-    graphs too large to solve exactly: ``status`` "feasible", ``lower_bound`` the LP value).
-    ``time_limit`` bounds the whole call (heuristic warm starts, solve, minimum budget) where it
-    can. ``warm_start``: start the MILP from the cheapest heuristic schedule the model expresses.
+    when the time limit stops it) or "lp-rounding" (the LP relaxation and randomized rounding, for
+    graphs too large to solve exactly: ``status`` "feasible", or "optimal" when the LP value
+    proves it; ``lower_bound`` the LP value). ``time_limit`` bounds the whole call (heuristic warm
+    starts, solve, minimum budget) where it can; the minimum budget of an infeasible call gets at
+    least a second. ``warm_start``: start from the cheapest heuristic or LP-rounded schedule the
+    model expresses (False: the bare MILP). ``rounding_samples``/``seed``: Bernoulli roundings of
+    the LP. ``threads``: HiGHS/CBC threads. ``max_nodes``: the model has ~n^2 binaries; larger
+    graphs are refused rather than left to build for many minutes.
     """
     validate(graph)
     check_backend(backend)
@@ -1097,6 +1109,10 @@ def solve_ilp(graph, budget: int, time_limit: float | None = None, *, backend: s
         raise ValueError(f"unknown ilp mode {mode!r}; accepted: {', '.join(MODES)}")
     deadline = _Deadline(time_limit)
     costs = node_costs(graph)
+    if costs.n > max_nodes:
+        raise ValueError(f"ilp: the graph has {costs.n} nodes; Checkmate's model would have ~{costs.n ** 2:,} "
+                         f"binaries, more than PuLP builds in reasonable time and memory (limit: max_nodes="
+                         f"{max_nodes}). Use a coarser profile, or the cpsat, dp or chen-greedy methods")
     if costs.n == 0:
         return _finish(Candidate(Schedule([]), 0.0, 0, "empty graph"), budget, "optimal", 0.0, "empty graph")
 

@@ -98,8 +98,12 @@ def property_graphs():
         outputs = ("sinks", "last", "none")[seed % 3]
         graphs.append((f"random{seed}", random_dag(7 + seed % 3, 0.35, seed=seed, outputs=outputs)))
     graphs.append(("random-extras", with_extras(random_dag(8, 0.3, seed=11), seed=5)))
+    # Exact group: one topological order (so the fixed order costs nothing) and outputs that are
+    # sinks; the stage structure loses nothing there either (Checkmate's linear graphs).
     graphs.append(("chain7", chain(7, seed=3)))
     graphs.append(("chain9-extras", with_extras(chain(9, seed=4), seed=6)))
+    graphs.append(("linear4", training_graph(4, seed=3)))
+    graphs.append(("linear4-extras", with_extras(training_graph(4, seed=1), seed=3)))
     graphs.append(("training-skips", training_graph(4, seed=2, skips=2)))
     graphs.append(("params", parameter_gradient_graph(3, seed=1)))  # "loss" is pinned
     return graphs
@@ -109,7 +113,7 @@ def property_graphs():
 def test_never_below_exhaustive_and_exact_on_chains(name, graph):
     true_min = min_peak(graph)
     top = store_all_peak(graph)
-    is_chain = name.startswith("chain")
+    is_chain = name.startswith(("chain", "linear"))
     feasible = 0
     for budget in range(true_min - 1, top + 1):
         try:
@@ -160,6 +164,19 @@ def test_model_minimum_can_exceed_the_true_minimum():
     check(graph, solve(graph, 12, method="ilp"), 12)
 
 
+def test_tight_budget_starts_from_a_least_memory_schedule():
+    # At the model's minimum budget no heuristic or LP rounding fits; the peak-minimising MILP,
+    # stopped at the first schedule within the budget, gives the start.
+    graph = random_dag(10, 0.3, seed=7)
+    schedule = solve(graph, 14, method="ilp")
+    assert "least-memory" in schedule.info.message
+    assert check(graph, schedule, 14) == 60 and schedule.info.status == "optimal"
+    assert min_cost_schedule(graph, 14).info.compute_cost <= 60
+    with pytest.raises(Infeasible) as caught:
+        solve(graph, 13, method="ilp")
+    assert caught.value.min_budget == 14
+
+
 # ---- byte-sized numbers ----------------------------------------------------------------------
 
 
@@ -181,6 +198,19 @@ def test_large_bytes_and_small_seconds_scale():
 
 
 # ---- model internals -------------------------------------------------------------------------
+
+
+def test_set_budget_matches_a_fresh_model():
+    # Rows whose R[t,t] = 1 carry workspace[t] on their right-hand side: changing the budget in
+    # place must keep it (lp-rounding's tighter LPs and the MILP after them rely on this).
+    graph = with_extras(training_graph(4, seed=1), seed=3)
+    costs = node_costs(graph)
+    scales = ilp.Scales.of(costs)
+    moved = ilp.build_model(costs, 30, scales)
+    moved.set_budget(17)
+    fresh = ilp.build_model(costs, 17, scales)
+    assert any(costs.workspace)
+    assert [row.getUb() for row, _ in moved.budget_rows] == [row.getUb() for row, _ in fresh.budget_rows]
 
 
 def test_warm_start_values_satisfy_the_model_and_round_trip():
@@ -313,6 +343,11 @@ def test_bad_options_and_missing_backend(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "highspy" else real(name, *a))
     with pytest.raises(SolverUnavailable, match="highspy"):
         solve(graph, 4, method="ilp")
+
+
+def test_refuses_graphs_too_large_for_the_model():
+    with pytest.raises(ValueError, match="max_nodes=10"):
+        solve(chain(11), 3, method="ilp", max_nodes=10)
 
 
 def test_store_all_budget_and_empty_graph():
