@@ -41,7 +41,9 @@ express meets the LP bound it is returned as proven optimal, otherwise it warm-s
 ``mode="lp-rounding"`` stops after the roundings: for graphs too large to solve exactly.
 
 What the model cannot do (ALGORITHMS.md, "Checkmate", traps 1 and 2): other first-computation
-orders, and recomputing a node twice in one stage or out of index order. Its optimum can therefore
+orders, recomputing a node twice in one stage or out of index order, and computing anything after
+the last node's first computation (so an output that is not a sink is held, or recomputed, while
+the last node is computed). Its optimum can therefore
 be above the true optimum (``exhaustive``/``cpsat``), and some budgets that other schedules meet
 are infeasible here. ``Infeasible.min_budget`` is the smallest budget *this model* can meet.
 
@@ -77,8 +79,9 @@ if TYPE_CHECKING:  # PuLP is imported where it is used: importing solvers must s
 BACKENDS = ("highs", "cbc")
 MODES = ("exact", "lp-rounding")
 DEFAULT_ROUNDING_SAMPLES = 48
-# Heuristic methods tried, in this order, for a warm start (each may be missing: others write them).
-WARM_START_METHODS = ("store-all", "chen-greedy", "dp")
+# Heuristic methods tried for a warm start (either may be missing or unfinished: others write
+# them). Store-all is not among them: it is checked first, and when it fits no MILP is needed.
+WARM_START_METHODS = ("chen-greedy", "dp")
 # Time for the minimum-budget MILP when the caller gave no time limit.
 MIN_BUDGET_TIME_LIMIT = 60.0
 # Graphs above this many nodes are refused: a 200-node graph's model has ~10^5 variables and
@@ -908,7 +911,7 @@ def _solve_exact(graph, costs, budget, backend, deadline, threads, candidates, w
                 pool.append(Candidate(least.schedule.schedule, least.schedule.cost, least.peak,
                                       "a least-memory schedule"))
             elif least.proven:
-                raise Infeasible(f"the MILP is infeasible at {budget} bytes; Checkmate's model (fixed first-"
+                raise Infeasible(f"no schedule fits in {budget} bytes; Checkmate's model (fixed first-"
                                  f"computation order) needs at least {least.peak} bytes",
                                  min_budget=least.peak, method="ilp")
     pool.sort(key=lambda c: c.cost)
@@ -925,7 +928,9 @@ def _solve_exact(graph, costs, budget, backend, deadline, threads, candidates, w
                                 f"the MILP is infeasible at {budget} bytes", exact=True)
         if started_from is not None:
             messages.append(f"warm start from {started_from.source} (cost {started_from.cost:.6g} s)")
-        bound = None if outcome.bound is None else outcome.bound * scales.cost_unit
+        # A tightened model's bound is no bound for the real budget: only the LP's is left then.
+        tightened = model_budget < budget
+        bound = None if outcome.bound is None or tightened else outcome.bound * scales.cost_unit
         if lp_bound is not None:
             bound = lp_bound if bound is None else max(bound, lp_bound)
         if not outcome.has_solution:
@@ -946,10 +951,10 @@ def _solve_exact(graph, costs, budget, backend, deadline, threads, candidates, w
             continue
         if started_from is not None and started_from.cost < found.cost:
             found = started_from  # an incumbent worse than its own start: only by the solver's tolerance
-        status = "optimal" if outcome.optimal else "feasible"
+        status = "optimal" if outcome.optimal and not tightened else "feasible"
         if status == "optimal" and bound is None:
             bound = found.cost
-        if status != "optimal":
+        if not outcome.optimal:
             messages.append("time limit reached before optimality was proven")
         return _finish(found, budget, status, bound, "; ".join(messages))
     raise RuntimeError(f"ilp: the MILP's solutions overshoot the budget of {budget} bytes after "

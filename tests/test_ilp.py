@@ -325,6 +325,27 @@ def test_highs_without_warm_start_matches():
     assert cold.info.status == "optimal" and "warm start" not in cold.info.message
 
 
+def test_overshoot_is_retried_with_a_tighter_budget(monkeypatch):
+    # Pretend the solver's tolerance let its first solution overshoot the budget in bytes: the
+    # MILP is re-solved for less, and the answer no longer claims optimality for the real budget.
+    graph = training_graph(6, unit=True)
+    real = ilp._candidate
+    milp_calls = []
+
+    def first_milp_overshoots(graph, schedule, budget, source):
+        if source == "milp":
+            milp_calls.append(budget)
+            if len(milp_calls) == 1:
+                return None
+        return real(graph, schedule, budget, source)
+
+    monkeypatch.setattr(ilp, "_candidate", first_milp_overshoots)
+    schedule = ilp.solve_ilp(graph, 5, warm_start=False)
+    assert len(milp_calls) == 2
+    assert "tightened" in schedule.info.message and schedule.info.status == "feasible"
+    check(graph, schedule, 5)
+
+
 def test_thread_counts_can_change_between_solves():
     # HiGHS sizes one thread pool per process; a later solve with another size must still work.
     graph = training_graph(6, unit=True)
