@@ -48,7 +48,8 @@ def check_budget(budget_bytes) -> int:
 def solve(graph, budget_bytes, method: str = "auto", time_limit: float | None = None, **options) -> Schedule:
     """Compute a schedule of ``graph`` whose peak (bytes, ``fixed_bytes`` excluded) fits ``budget_bytes``.
 
-    ``method`` is one of :data:`METHODS` or ``"auto"`` (see :func:`solvers.auto.choose_method`).
+    ``method`` is one of :data:`METHODS` or ``"auto"`` (see :mod:`solvers.auto`: the cheapest schedule
+    of the methods that suit the graph; ``schedule.info.method`` names the one that made it).
     ``time_limit`` (seconds) bounds the solvers that search; they return the best schedule found
     and report in ``schedule.info`` whether it is proven optimal and the gap. Raises
     :class:`Infeasible` (with ``min_budget``) when the method cannot meet the budget.
@@ -57,12 +58,10 @@ def solve(graph, budget_bytes, method: str = "auto", time_limit: float | None = 
     budget = check_budget(budget_bytes)
     if time_limit is not None and not (isinstance(time_limit, numbers.Real) and time_limit > 0):
         raise ValueError(f"time_limit must be a positive number of seconds, got {time_limit!r}")
-    reason = ""
     if method == "auto":
-        from .auto import choose_method
-
-        method, reason = choose_method(graph, budget, time_limit)
-    function = method_function(method)
+        from .auto import solve_auto as function
+    else:
+        function = method_function(method)
     started = time.perf_counter()
     try:
         schedule = function(graph, budget, time_limit=time_limit, **options)
@@ -76,12 +75,10 @@ def solve(graph, budget_bytes, method: str = "auto", time_limit: float | None = 
         raise AssertionError(
             f"method {method!r} returned a schedule that {'is invalid: ' + str(outcome.error) if not outcome.valid else f'peaks at {outcome.peak_bytes} bytes over the budget {budget}'}"
         )
-    message = "; ".join(m for m in (reason, schedule.info.message) if m)
     return schedule.with_info(
-        method=method,
+        method=schedule.info.method if method == "auto" else method,
         solve_seconds=elapsed,
         budget_bytes=budget,
         predicted_peak_bytes=outcome.peak_bytes,
         compute_cost=outcome.compute_cost,
-        message=message,
     )
