@@ -1,0 +1,55 @@
+"""Profile the models whose cost graphs benchmarks/solvers.py solves, and save the graphs as JSON.
+
+    python benchmarks/make_graphs.py
+
+The graphs (structure, measured costs on this machine, bytes) are committed under
+benchmarks/graphs/ so that the solver benchmark needs no torch and solves the same graphs every time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+
+import profiler  # noqa: E402
+from models import BENCHMARKS, UNet, image_batch  # noqa: E402
+from planner.plan import graph_to_dict, write_atomic  # noqa: E402
+
+
+def gpt2_12_layers():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    config = GPT2Config(n_layer=12, n_embd=128, n_head=4, vocab_size=2048, n_positions=128, use_cache=False,
+                        bos_token_id=0, eos_token_id=0)
+    model = GPT2LMHeadModel(config)
+    model.loss_type = "ForCausalLM"
+    ids = __import__("torch").randint(0, 2048, (2, 128))
+    return model, {"input_ids": ids, "labels": ids}, lambda out: out.loss
+
+
+def main() -> int:
+    jobs = {
+        "gpt2-12": (gpt2_12_layers, ["module", "module:3"]),
+        "unet": (lambda: (UNet(), image_batch(batch=4, size=64), BENCHMARKS["unet"].loss_fn), ["module"]),
+        "resnet-mlp": (lambda: (BENCHMARKS["residual-mlp"].build(), BENCHMARKS["residual-mlp"].inputs(),
+                                BENCHMARKS["residual-mlp"].loss_fn), ["module"]),
+    }
+    for name, (build, granularities) in jobs.items():
+        model, inputs, loss_fn = build()
+        prof = profiler.profile(model, inputs, loss_fn=loss_fn, granularity=granularities[0])
+        for granularity in granularities:
+            graph = prof.graph if granularity == granularities[0] else prof.regroup(granularity).graph
+            label = graph.graph["granularity"].replace(":", "")
+            path = os.path.join(HERE, "graphs", f"{name}-{label}.json")
+            write_atomic(path, json.dumps(graph_to_dict(graph)))
+            print(f"{path}: {graph.number_of_nodes()} nodes", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
