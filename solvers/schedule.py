@@ -61,7 +61,8 @@ class Schedule(Sequence):
     def __init__(self, steps: Iterable[Sequence[Any]] = (), info: SolverInfo | None = None):
         normalised = []
         for step in steps:
-            if len(step) != 2 or step[0] not in STEP_KINDS:
+            # A step that is not a pair (a number, a string from a file) is a ValueError like any other bad step.
+            if not isinstance(step, (tuple, list)) or len(step) != 2 or step[0] not in STEP_KINDS:
                 raise ValueError(f"a schedule step is ('compute', node) or ('free', node), got {step!r}")
             normalised.append((step[0], step[1]))
         object.__setattr__(self, "steps", tuple(normalised))

@@ -69,7 +69,11 @@ def simulate(graph, schedule: Iterable, record_memory: bool = False) -> Simulati
             kind, node = step
         except (TypeError, ValueError):
             return result(f"step {position}: {step!r} is not a (kind, node) pair")
-        if node not in nodes:
+        try:
+            known = node in nodes
+        except TypeError:  # an unhashable node (a list from JSON): not a node of any graph
+            known = False
+        if not known:
             return result(f"step {position}: {node!r} is not a node of the graph")
         data = nodes[node]
         if kind == COMPUTE:

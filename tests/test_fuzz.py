@@ -1,0 +1,183 @@
+"""Fuzzing the entry points that take what a user (or a file) gives them.
+
+Every outcome must be a valid result or a documented exception, never another one:
+
+- ``planner.parse_budget``: a Budget, or BudgetError (a ValueError).
+- ``solvers.solve`` (every method, small graphs so that ilp and cpsat stay fast, budgets of any
+  type): a schedule that ``simulate`` finds valid within the budget, or Infeasible (whose
+  ``min_budget`` is above the budget), InvalidGraph or ValueError (a bad graph, budget or time
+  limit), or TimeoutError.
+- ``solvers.simulate`` (any step list): a Simulation, valid or saying why not; never an exception.
+- ``planner.load`` (a plan file with one value replaced by junk): a Plan, or PlanFileError.
+
+``solve`` is fuzzed in a fresh interpreter (tests/fuzz_solvers.py), with the ilp method on PuLP's
+CBC: highspy and OR-tools each bundle a libhighs.so.1 (HiGHS 1.15 and 1.12), and whichever loads
+first breaks the other in the same process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import networkx as nx
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import planner
+from solvers import METHODS, Schedule, simulate
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+
+SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+                derandomize=True)
+
+# -- budgets --------------------------------------------------------------------------------------------
+UNITS = ["", "B", "b", "kB", "KiB", "MB", "MiB", "GB", "GiB", "gib", "TB", "TiB", "%", "XB", "G B", "KB"]
+NUMBERS = st.one_of(st.integers(-5, 10**6).map(str), st.floats(-5, 1e6, allow_nan=False).map(lambda f: f"{f:g}"),
+                    st.sampled_from(["", ".5", "1.", "1e3", "nan", "inf", "-0", "0x10", "1_000"]))
+BUDGET_TEXT = st.builds(lambda pad, number, unit: f"{pad}{number}{unit}{pad}", st.sampled_from(["", " "]), NUMBERS,
+                        st.sampled_from(UNITS))
+ANY_BUDGET = st.one_of(BUDGET_TEXT, st.text(max_size=12), st.integers(), st.floats(), st.none(), st.booleans(),
+                       st.binary(max_size=4), st.lists(st.integers(), max_size=2))
+
+
+@settings(max_examples=200, **SETTINGS)
+@given(ANY_BUDGET)
+def test_parse_budget_gives_a_budget_or_a_budget_error(value):
+    try:
+        budget = planner.parse_budget(value)
+    except planner.BudgetError as error:
+        assert isinstance(error, ValueError) and str(error)
+        return
+    if budget.percent is not None:
+        assert budget.bytes is None and 0 < budget.percent <= 100
+        assert isinstance(value, str) and value.strip().endswith("%")
+    else:
+        assert isinstance(budget.bytes, int) and not isinstance(budget.bytes, bool) and budget.bytes > 0
+    assert str(budget)
+
+
+@settings(max_examples=200, **SETTINGS)
+@given(st.decimals(min_value="0.001", max_value="100000", places=3), st.sampled_from(["kB", "KiB", "MB", "MiB", "GB", "GiB"]))
+def test_parse_budget_values(number, unit):
+    scale = {"kB": 10**3, "KiB": 2**10, "MB": 10**6, "MiB": 2**20, "GB": 10**9, "GiB": 2**30}[unit]
+    expected = int(round(float(number) * scale))
+    if expected <= 0:
+        with pytest.raises(planner.BudgetError):
+            planner.parse_budget(f"{number}{unit}")
+    else:
+        assert planner.parse_budget(f"{number}{unit}").bytes == expected
+
+
+# -- solve ----------------------------------------------------------------------------------------------------
+def test_solve_gives_a_valid_schedule_within_budget_or_a_documented_error():
+    """tests/fuzz_solvers.py, in a fresh interpreter: OR-tools must load before PuLP (see the module
+    docstring), and this process may already hold either."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, HERE, os.environ.get("PYTHONPATH", "")]))
+    result = subprocess.run([sys.executable, os.path.join(HERE, "fuzz_solvers.py")], capture_output=True, text=True,
+                            env=env, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
+    assert "methods: " + ", ".join(sorted(METHODS)) in result.stdout
+
+
+# -- simulate -------------------------------------------------------------------------------------------------
+def _graph() -> nx.DiGraph:
+    graph = nx.DiGraph()
+    for v, (cost, mem) in enumerate([(1.0, 3), (2.0, 1), (1.0, 4), (0.5, 2)]):
+        graph.add_node(f"v{v}", cost=cost, mem=mem)
+    graph.add_edges_from([("v0", "v1"), ("v0", "v2"), ("v1", "v3"), ("v2", "v3")])
+    graph.nodes["v3"]["output"] = True
+    graph.nodes["v2"]["pinned"] = True
+    graph.nodes["v2"]["output"] = True
+    return graph
+
+
+NODES = st.one_of(st.sampled_from(["v0", "v1", "v2", "v3"]), st.sampled_from(["ghost", None, 3, ("v0",), ["v0"], {}]))
+STEPS = st.one_of(
+    st.tuples(st.sampled_from(["compute", "compute", "free"]), NODES),
+    st.tuples(st.sampled_from(["recompute", "", None, 0]), NODES),
+    st.lists(st.sampled_from(["compute", "v0", "free"]), max_size=3),
+    st.integers(), st.none(), st.text(max_size=3), st.just({"compute": "v0"}),
+)
+
+
+@settings(max_examples=200, **SETTINGS)
+@given(st.lists(STEPS, max_size=14))
+def test_simulate_answers_any_step_list(steps):
+    graph = _graph()
+    outcome = simulate(graph, steps)
+    assert isinstance(outcome.valid, bool) and outcome.peak_bytes >= 0 and outcome.compute_cost >= 0
+    if not outcome.valid:
+        assert outcome.error
+        return
+    # valid: every node computed, the outputs held at the end, the peak at least the largest node
+    computed = {node for kind, node in steps if kind == "compute"}
+    assert computed == set(graph.nodes)
+    assert outcome.peak_bytes >= max(graph.nodes[v]["mem"] for v in graph.nodes)
+
+
+@settings(max_examples=200, **SETTINGS)
+@given(st.lists(STEPS, max_size=6))
+def test_a_schedule_is_built_from_steps_or_refused(steps):
+    try:
+        schedule = Schedule(steps)
+    except ValueError:
+        return
+    assert all(kind in ("compute", "free") for kind, _ in schedule)
+
+
+# -- plan files -----------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def plan_data():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+    plan = planner.plan(model, (torch.randn(4, 8),), budget="100%", solver="store-all")
+    return plan.to_dict()
+
+
+def _paths(value, prefix=()):
+    """Every position in a JSON document: the paths of its dict values and list items."""
+    yield prefix
+    if isinstance(value, dict):
+        for key, item in value.items():
+            yield from _paths(item, (*prefix, key))
+    elif isinstance(value, list):
+        for index, item in enumerate(value[:6]):
+            yield from _paths(item, (*prefix, index))
+
+
+def _replaced(data, path, junk):
+    if not path:
+        return junk
+    copy = json.loads(json.dumps(data))
+    holder = copy
+    for key in path[:-1]:
+        holder = holder[key]
+    holder[path[-1]] = junk
+    return copy
+
+
+PLAN_JUNK = st.one_of(st.none(), st.booleans(), st.integers(-2, 2), st.floats(allow_nan=False), st.text(max_size=4),
+                      st.sampled_from([[], {}, [["compute", "loss"]], "float32", "loss", 1e300, -0.0]))
+
+
+@settings(max_examples=100, **SETTINGS)
+@given(st.data())
+def test_a_plan_file_with_junk_anywhere_loads_or_is_refused(plan_data, tmp_path_factory, data):
+    paths = list(_paths(plan_data))
+    path = data.draw(st.sampled_from(paths))
+    junk = data.draw(PLAN_JUNK)
+    file = tmp_path_factory.mktemp("fuzz") / "plan.json"
+    file.write_text(json.dumps(_replaced(plan_data, path, junk)))
+    try:
+        loaded = planner.load(file)
+    except planner.PlanFileError as error:
+        assert str(file) in str(error)
+        return
+    assert simulate(loaded.graph, loaded.schedule).valid
