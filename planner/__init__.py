@@ -6,7 +6,7 @@
 >>> fast = planner.checkpoint(model, example_inputs, budget="60%")  # doctest: +SKIP
 """
 
-from .api import BudgetInfeasible, FallbackWarning, apply, checkpoint, load, plan, plan_untraceable
+from .api import BudgetInfeasible, FallbackWarning, SolverError, apply, checkpoint, load, plan, plan_untraceable
 from .budget import ACCEPTED_FORMS, Budget, BudgetError, format_bytes, parse_budget
 from .plan import Plan, PlanFileError
 
@@ -18,6 +18,7 @@ __all__ = [
     "FallbackWarning",
     "Plan",
     "PlanFileError",
+    "SolverError",
     "apply",
     "checkpoint",
     "format_bytes",

@@ -15,12 +15,17 @@ from .budget import format_bytes, parse_budget
 from .fallback import FallbackWarning, ModuleChainPlan, plan_module_chain
 from .plan import Plan, load
 
-__all__ = ["BudgetInfeasible", "FallbackWarning", "Plan", "apply", "checkpoint", "load", "plan", "plan_untraceable"]
+__all__ = ["BudgetInfeasible", "FallbackWarning", "SolverError", "Plan", "apply", "checkpoint", "load", "plan", "plan_untraceable"]
 
 
 class BudgetInfeasible(Infeasible):
     """The budget is below what the solver can reach. ``min_budget`` is in bytes of the whole step
     (parameters, buffers and inputs included), comparable with the budget the user gave."""
+
+
+class SolverError(ValueError):
+    """The solver refused the problem as asked (an unknown method, a bad time limit, a graph too
+    large for the method); the message says why and, where there is one, what to use instead."""
 
 
 def plan(
@@ -63,6 +68,8 @@ def plan(
         if schedule_budget < 0:
             raise Infeasible("the budget is smaller than the parameters, buffers and inputs alone", min_budget=None)
         schedule = solve(graph, schedule_budget, method=solver, time_limit=time_limit)
+    except ValueError as error:  # solvers raise ValueError for what they were asked, not for a bug
+        raise SolverError(f"solver {solver!r}: {error}") from error
     except Infeasible as error:
         minimum = _minimum_budget(graph, solver, error, time_limit)
         raise BudgetInfeasible(

@@ -7,8 +7,9 @@
     plan-checkpoints show plan.json [--out memory.png]             (planner/show.py)
 
 Exit status: 0 on success, 2 for a usage error or a bad model file, budget, plan file or sweep file,
-3 when the budget is below the minimum the solver can reach (the message gives that minimum);
-``batch`` exits with 1 when any of its runs failed.
+3 when the budget is below the minimum the solver can reach (the message gives that minimum),
+4 when the solver found no schedule within --time-limit; ``batch`` exits with 1 when any of its runs
+failed.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import warnings
 
 EXIT_USAGE = 2
 EXIT_INFEASIBLE = 3
+EXIT_TIMEOUT = 4
 
 
 def _methods() -> list[str]:
@@ -122,7 +124,7 @@ def run_plan(argv: list[str]) -> int:
     from planner.progress import Progress
 
     args = _plan_parser().parse_args(_join_negative_budget(argv))
-    if args.time_limit is not None and args.time_limit <= 0:
+    if args.time_limit is not None and not 0 < args.time_limit < float("inf"):  # nan fails both
         raise _UsageError(f"--time-limit must be a positive number of seconds, got {args.time_limit}")
     if args.max_overhead is not None and not args.max_batch:
         raise _UsageError("--max-overhead goes with --max-batch (the overhead the largest batch may cost)")
@@ -181,22 +183,32 @@ def _run_max_batch(args, model_file, budget, progress) -> int:
     return 0
 
 
-def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
-    """Warnings as one line each, like errors (the fallback's FallbackWarning among them)."""
-    text = " ".join(str(message).split())
-    print(f"plan-checkpoints: warning: {text}", file=sys.stderr)
-
-
 def main(argv: list[str] | None = None) -> int:
     with warnings.catch_warnings():
-        warnings.showwarning = _show_warning
+        warnings.showwarning = _one_line_warnings(warnings.showwarning)
         return _main(argv)
+
+
+def _one_line_warnings(show):
+    """The tool's own warnings (the fallback's FallbackWarning) as one line each, like its errors;
+    any other warning goes where it went before."""
+
+    def show_warning(message, category, filename, lineno, file=None, line=None):
+        from planner.fallback import FallbackWarning
+
+        if issubclass(category, FallbackWarning):
+            print(f"plan-checkpoints: warning: {' '.join(str(message).split())}", file=sys.stderr)
+        else:
+            show(message, category, filename, lineno, file, line)
+
+    return show_warning
 
 
 def _main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     from planner.budget import BudgetError
-    from planner.api import BudgetInfeasible
+    from planner.api import BudgetInfeasible, SolverError
+    from solvers import SolverUnavailable
     from planner.modelfile import ModelFileError
     from planner.plan import PlanFileError
     from profiler import CaptureError, InputMismatch
@@ -206,6 +218,7 @@ def _main(argv: list[str] | None = None) -> int:
     from planner.sweepconfig import ConfigError
 
     user_errors = (BudgetError, ModelFileError, PlanFileError, CaptureError, InputMismatch, _UsageError,
+                   SolverError, SolverUnavailable,
                    ConfigError, BatchUsageError, ShowUsageError, MaxBatchError)
     try:
         if argv and argv[0] == "batch":
@@ -223,6 +236,10 @@ def _main(argv: list[str] | None = None) -> int:
     except user_errors as error:
         print(f"plan-checkpoints: error: {error}", file=sys.stderr)
         return EXIT_USAGE
+    except TimeoutError as error:  # before OSError, of which it is a subclass
+        print(f"plan-checkpoints: error: {error}; give the solver more time (--time-limit) or choose a faster "
+              "one (chen-greedy, dp)", file=sys.stderr)
+        return EXIT_TIMEOUT
     except OSError as error:
         if error.filename is None:  # not about a file the user named: a bug, keep its traceback
             raise

@@ -8,6 +8,7 @@ shape it was not made for.
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
 from collections import Counter
@@ -168,19 +169,22 @@ class Plan:
             graph = graph_from_dict(data["graph"])
             schedule = Schedule.from_dict(data["schedule"], graph)
             specs = tuple(
-                TensorSpec(tuple(int(d) for d in s["shape"]), _dtype(s["dtype"]), str(s["device"]), False)
-                for s in data["tangent_specs"]
+                TensorSpec(tuple(_whole_list(s["shape"])), _dtype(s["dtype"]), _text(s["device"]), False)
+                for s in _list(data["tangent_specs"])
             )
+            # Strict types: a file whose values merely convert ("12" for 12, a string for a list of
+            # indices) was not written by save(); refuse it rather than guess.
             plan = cls(
-                schedule=schedule, graph=graph, budget_bytes=int(data["budget"]["bytes"]),
-                budget_text=str(data["budget"]["text"]), fixed_bytes=int(data["fixed_bytes"]),
-                predicted_peak_bytes=int(data["predicted_peak_bytes"]),
-                unplanned_peak_bytes=int(data["unplanned_peak_bytes"]),
-                predicted_seconds=float(data["predicted_seconds"]), unplanned_seconds=float(data["unplanned_seconds"]),
-                fingerprint=str(data["fingerprint"]), granularity=str(data["granularity"]), device=str(data["device"]),
-                torch_version=str(data["torch_version"]), tangent_outputs=tuple(int(i) for i in data["tangent_outputs"]),
-                tangent_specs=specs, inputs=[str(s) for s in data.get("inputs", [])], model=str(data.get("model", "")),
-                profile_seconds=float(data.get("profile_seconds", 0.0)), autocast=_text(data.get("autocast", "")),
+                schedule=schedule, graph=graph, budget_bytes=_whole(data["budget"]["bytes"]),
+                budget_text=_text(data["budget"]["text"]), fixed_bytes=_whole(data["fixed_bytes"]),
+                predicted_peak_bytes=_whole(data["predicted_peak_bytes"]),
+                unplanned_peak_bytes=_whole(data["unplanned_peak_bytes"]),
+                predicted_seconds=_seconds(data["predicted_seconds"]), unplanned_seconds=_seconds(data["unplanned_seconds"]),
+                fingerprint=_text(data["fingerprint"]), granularity=_text(data["granularity"]), device=_text(data["device"]),
+                torch_version=_text(data["torch_version"]), tangent_outputs=tuple(_whole_list(data["tangent_outputs"])),
+                tangent_specs=specs, inputs=[_text(s) for s in _list(data.get("inputs", []))],
+                model=_text(data.get("model", "")), profile_seconds=_seconds(data.get("profile_seconds", 0.0)),
+                autocast=_text(data.get("autocast", "")),
             )
         except PlanFileError:
             raise
@@ -209,6 +213,28 @@ def _text(value) -> str:
     if not isinstance(value, str):
         raise TypeError(f"expected a string, got {type(value).__name__}")
     return value
+
+
+def _list(value) -> list:
+    if not isinstance(value, list):
+        raise TypeError(f"expected a list, got {type(value).__name__}")
+    return value
+
+
+def _whole(value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"expected a whole number >= 0, got {value!r}")
+    return value
+
+
+def _whole_list(value) -> list[int]:
+    return [_whole(v) for v in _list(value)]
+
+
+def _seconds(value) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise ValueError(f"expected seconds (a number >= 0), got {value!r}")
+    return float(value)
 
 
 _NODE_FIELDS = ("cost", "mem", "workspace", "output", "pinned", "kind", "module", "ops", "random", "value_class")

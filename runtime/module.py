@@ -23,7 +23,7 @@ import torch.utils._pytree as pytree
 
 from profiler.capture import JointGraph, LossInfo, autocast_disabled, autocast_state, capture
 from profiler.costgraph import build_cost_graph
-from profiler.inputs import InputMismatch
+from profiler.inputs import InputMismatch, input_layout
 from profiler.measure import OpTimes
 from profiler.api import choose_grouping
 from profiler.state import cuda_devices
@@ -75,10 +75,34 @@ class _Bound:
         self.placeholders = joint.placeholders
         self.grad_param_index = {name: i for i, (name, _) in enumerate(joint.grad_params)}
         self.grad_input_index = {index: len(joint.grad_params) + i for i, (index, _) in enumerate(joint.grad_inputs)}
+        self.state_specs = _state_specs(joint)
 
     def function_inputs(self, model, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
         params = dict(model.named_parameters())
+        self.check_state(params, dict(model.named_buffers()))
         return [params[name] for name in self.param_names] + list(inputs)
+
+    def check_state(self, params: dict, buffers: dict) -> None:
+        """The module holds the parameters and buffers the graph was traced with, every call: the plan
+        may be applied to another model, and parameters may be frozen or unfrozen between steps."""
+        held = {**{("param", n): p for n, p in params.items()}, **{("buffer", n): b for n, b in buffers.items()}}
+        for key in held.keys() - self.state_specs.keys():
+            raise PlanMismatch(f"this model has {key[0]} {key[1]!r}, which the plan's model did not; make a new plan")
+        for key, (shape, dtype) in self.state_specs.items():
+            tensor = held.get(key)
+            if tensor is None:
+                raise PlanMismatch(f"the plan's model has {key[0]} {key[1]!r}, which this model does not; make a new plan")
+            if tuple(tensor.shape) != shape or tensor.dtype != dtype:
+                raise PlanMismatch(
+                    f"{key[0]} {key[1]!r} is {_spec(tuple(tensor.shape), tensor.dtype)} here but "
+                    f"{_spec(shape, dtype)} in the plan's model: this plan was made for a different model"
+                )
+        for name in self.frozen_names:
+            if params[name].requires_grad:
+                raise PlanMismatch(
+                    f"parameter {name!r} was frozen (requires_grad=False) when the plan was made and requires grad "
+                    "now; the plan computes no gradient for it: make a new plan"
+                )
 
     def fixed_values(self, model: torch.nn.Module, tensors) -> dict[str, torch.Tensor]:
         """Placeholder name -> tensor; ``tensors`` are the Function's inputs (params, then inputs)."""
@@ -133,12 +157,33 @@ class _Bound:
         return pytree.tree_unflatten(leaves, self.joint.output_spec)
 
 
+def _state_specs(joint: JointGraph) -> dict[tuple[str, str], tuple[tuple[int, ...], torch.dtype]]:
+    """("param" | "buffer", name) -> (shape, dtype) of the graph's parameter and buffer placeholders."""
+    nodes = {n.name: n for n in joint.graph_module.graph.nodes if n.op == "placeholder"}
+    specs = {}
+    for p in joint.placeholders:
+        if p.role in ("param", "frozen", "buffer"):
+            value = nodes[p.name].meta["val"]
+            specs[("buffer" if p.role == "buffer" else "param", p.key)] = (tuple(value.shape), value.dtype)
+    return specs
+
+
+def _spec(shape: tuple, dtype: torch.dtype) -> str:
+    return f"{str(dtype).replace('torch.', '')}{list(shape)}"
+
+
 def _bind(model: torch.nn.Module, plan, args: tuple, kwargs: dict) -> _Bound:
     """Trace ``model`` (or reuse the plan's own profile) and check that it is the planned graph."""
     profile = getattr(plan, "profile", None)
     if profile is not None and profile.graph.graph.get("fingerprint") == plan.fingerprint:
         joint, grouping, graph = profile.joint, profile.grouping, profile.graph
     else:
+        expected, got = list(getattr(plan, "inputs", None) or []), input_layout(args, kwargs).signature
+        if expected and got != expected:  # before tracing: the trace would fail on the plan's output shapes
+            raise InputMismatch(
+                f"the inputs are {', '.join(got) or 'no tensors'}; the plan was made for {', '.join(expected)}. "
+                "Plans are made for fixed shapes: re-plan for these inputs."
+            )
         loss = LossInfo(0.0, tuple(plan.tangent_outputs), tuple(plan.tangent_specs))
         joint, _ = capture(model, args, kwargs, loss=loss)
         grouping, _ = choose_grouping(joint, plan.granularity)
