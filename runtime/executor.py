@@ -45,6 +45,12 @@ class Executor:
         self.loss_position = loss_steps[0]
         self.forward_steps = steps[: self.loss_position]
         self.backward_steps = steps[self.loss_position + 1 :]
+        # Placeholders the backward reads that the forward mutates (an input changed in place): the
+        # backward's recomputations must read the value from before the step, as the trace did.
+        read_later = {value for kind, node in self.backward_steps if kind == COMPUTE
+                      for source, value in programs.nodes[node].reads if source == FIXED}
+        read_later |= {value for source, value in programs.gradient_reads if source == FIXED}
+        self.keep_before_mutation = {placeholder for placeholder, _, _ in programs.mutations} & read_later
         random_ops = {g: programs.nodes[g].random_ops for g in programs.random_order}
         prepass = not first_computations_in_order(steps, programs.random_order, self.loss_position)
         self.rng = RngReplay(devices, programs.random_order, random_ops, prepass)
@@ -84,7 +90,10 @@ class Executor:
             outputs = self.programs.outputs(*self._read(self.programs.output_reads, held, fixed))
             # Buffer mutations (BatchNorm statistics) are applied once, when the forward ends.
             for placeholder, holder, value in self.programs.mutations:
+                before = fixed[placeholder].clone() if placeholder in self.keep_before_mutation else None
                 fixed[placeholder].copy_(held[holder][value])
+                if before is not None:
+                    fixed[placeholder] = before
         return list(outputs), PhaseState(held)
 
     def backward(self, state: PhaseState, tangents: list[torch.Tensor], fixed: dict) -> list[torch.Tensor]:

@@ -124,6 +124,29 @@ def test_in_place_ops_and_views():
         assert torch.equal(a, b)
 
 
+def test_an_input_changed_in_place():
+    """x.mul_(2) on the caller's tensor: changed once, as by the original, and the backward's
+    recomputations read the value from before the step (runtime/executor.py)."""
+
+    class ScalesItsInput(nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.a = nn.Linear(4, 4)
+
+        def forward(self, x):
+            x.mul_(2)
+            return torch.relu(self.a(x))
+
+    model, x = ScalesItsInput(), torch.randn(3, 4)
+    planned = planner.apply(model, recomputing_plan(model, (x.clone(),)))
+    original_input, planned_input = x.clone(), x.clone()
+    loss0, grads0, _ = training_step(model, (original_input,))
+    loss1, grads1, _ = training_step(planned, (planned_input,))
+    assert torch.equal(original_input, x * 2) and torch.equal(planned_input, x * 2)
+    assert torch.equal(loss0, loss1) and max_relative_error(grads0, grads1) == 0.0
+
+
 # -- tied parameters: Hugging Face GPT-2's embeddings are its output projection ---------------------------
 def test_gpt2_tied_embeddings():
     model, inputs = gpt2(layers=1, embd=32, vocab=100, positions=16), gpt2_inputs(batch=2, tokens=16, vocab=100)
