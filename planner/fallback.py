@@ -43,7 +43,7 @@ from solvers.schedule import COMPUTE, FREE
 
 from .budget import Budget, format_bytes
 from .plan import FORMAT as PLAN_FORMAT
-from .plan import Plan, PlanFileError
+from .plan import Plan, PlanFileError, _seconds
 
 CHAIN_FORMAT = "plan-checkpoints/module-chain/1"
 METHOD = "module-chain"
@@ -90,7 +90,7 @@ class ModuleChain:
     @classmethod
     def from_dict(cls, data: dict) -> "ModuleChain":
         blocks = tuple(
-            BlockCost(_string(b["path"]), _whole(b["saved_bytes"]), float(b["seconds"])) for b in data["blocks"]
+            BlockCost(_string(b["path"]), _whole(b["saved_bytes"]), _seconds(b["seconds"])) for b in data["blocks"]
         )
         checkpointed = tuple(_string(p) for p in data["checkpointed"])
         unknown = [p for p in checkpointed if p not in {b.path for b in blocks}]

@@ -114,24 +114,28 @@ def test_budgets_below_the_resident_bytes_or_by_percentage(tanh_mlp):
         planner.plan(model, inputs, budget="1%", solver="dp", profile=prof)
 
 
-def test_a_solver_time_limit_gives_the_best_schedule_and_its_gap_or_a_clear_failure(tanh_mlp):
+@pytest.mark.parametrize("time_limit", [0.05, 0.5])
+def test_a_solver_time_limit_gives_the_best_schedule_and_its_gap_or_a_clear_failure(tanh_mlp, time_limit):
     model, inputs, prof = tanh_mlp
     store_all = planner.plan(model, inputs, budget="100%", solver="store-all", profile=prof)
     with pytest.raises(planner.BudgetInfeasible) as raised:
         planner.plan(model, inputs, budget=1, solver="dp", profile=prof)
     budget = (raised.value.min_budget + store_all.unplanned_peak_bytes) // 2
+    # ilp, not cpsat: OR-tools loaded into the test process would break highspy for tests/test_ilp.py
+    # (both bundle a libhighs.so.1, of different versions); tests/fuzz_solvers.py fuzzes cpsat apart.
     try:
-        plan = planner.plan(model, inputs, budget=budget, solver="cpsat", profile=prof, time_limit=1.0)
+        plan = planner.plan(model, inputs, budget=budget, solver="ilp", profile=prof, time_limit=time_limit)
     except TimeoutError as error:  # allowed: nothing found in time, and it says so
         assert "time limit" in str(error)
         return
     assert plan.predicted_peak_bytes <= budget
-    assert plan.status in ("optimal", "feasible")
-    if plan.status == "feasible":
-        assert plan.schedule.info.gap is not None and 0 <= plan.schedule.info.gap <= 1
-        assert "proven gap" in plan.summary()
+    info = plan.schedule.info
+    assert info.status in ("optimal", "feasible")
+    if info.status == "feasible":  # the best found; the gap when a bound was proven in time
+        assert "time limit" in info.message and "feasible" in plan.summary()
+        assert info.gap is None or (0 <= info.gap <= 1 and "proven gap" in plan.summary())
     with pytest.raises(ValueError, match="time_limit"):
-        planner.plan(model, inputs, budget=budget, solver="cpsat", profile=prof, time_limit=-1)
+        planner.plan(model, inputs, budget=budget, solver="ilp", profile=prof, time_limit=-1)
 
 
 # -- the command line, in-process ------------------------------------------------------------------------
