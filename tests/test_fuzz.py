@@ -10,17 +10,14 @@ Every outcome must be a valid result or a documented exception, never another on
 - ``solvers.simulate`` (any step list): a Simulation, valid or saying why not; never an exception.
 - ``planner.load`` (a plan file with one value replaced by junk): a Plan, or PlanFileError.
 
-``solve`` is fuzzed in a fresh interpreter (tests/fuzz_solvers.py), with the ilp method on PuLP's
-CBC: highspy and OR-tools each bundle a libhighs.so.1 (HiGHS 1.15 and 1.12), and whichever loads
-first breaks the other in the same process.
+``solve`` runs one hypothesis search per method, so that each gets its share of examples.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
+import math
+from collections import Counter
 
 import networkx as nx
 import pytest
@@ -29,10 +26,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import planner
-from solvers import METHODS, Schedule, simulate
+from solvers import METHODS, Infeasible, InvalidGraph, Schedule, simulate, solve
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
+SOLVED: Counter = Counter()  # method -> examples that returned a schedule
 
 SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
                 derandomize=True)
@@ -76,14 +72,104 @@ def test_parse_budget_values(number, unit):
 
 
 # -- solve ----------------------------------------------------------------------------------------------------
-def test_solve_gives_a_valid_schedule_within_budget_or_a_documented_error():
-    """tests/fuzz_solvers.py, in a fresh interpreter: OR-tools must load before PuLP (see the module
-    docstring), and this process may already hold either."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, HERE, os.environ.get("PYTHONPATH", "")]))
-    result = subprocess.run([sys.executable, os.path.join(HERE, "fuzz_solvers.py")], capture_output=True, text=True,
-                            env=env, timeout=600)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
-    assert "methods: " + ", ".join(sorted(METHODS)) in result.stdout
+JUNK = st.sampled_from(["12", None, -1, float("nan"), float("inf"), 1.5, [], True])
+# Seconds as a profiler measures them: 0, or at least a nanosecond. (Costs near the smallest float,
+# 5e-324, overflow cpsat's recompute bound, spare / cost: reported in issue 6, left to its owner.)
+COSTS = st.one_of(st.just(0.0), st.floats(1e-9, 10))
+
+
+@st.composite
+def cost_graphs(draw, max_nodes: int = 6) -> nx.DiGraph:
+    """Small DAGs with int or str node ids, outputs on some sinks, optional workspace and pinned
+    nodes, and now and then a broken attribute or a cycle (InvalidGraph is then the answer)."""
+    n = draw(st.integers(1, max_nodes))
+    names = draw(st.sampled_from(["int", "str"]))
+    ids = [v if names == "int" else f"n{v}" for v in range(n)]
+    graph = nx.DiGraph()
+    for v in ids:
+        graph.add_node(v, cost=draw(COSTS), mem=draw(st.integers(0, 20)))
+        if draw(st.booleans()):
+            graph.nodes[v]["workspace"] = draw(st.integers(0, 10))
+    for j in range(1, n):
+        for i in range(j):
+            if draw(st.integers(0, 2)) == 0:
+                graph.add_edge(ids[i], ids[j])
+    for v in ids:
+        if graph.out_degree(v) == 0 and draw(st.integers(0, 2)) > 0:
+            graph.nodes[v]["output"] = True
+            if draw(st.integers(0, 4)) == 0:
+                graph.nodes[v]["pinned"] = True
+    if draw(st.integers(0, 9)) == 0:  # a broken attribute
+        graph.nodes[draw(st.sampled_from(ids))][draw(st.sampled_from(["cost", "mem", "workspace", "output"]))] = draw(JUNK)
+    if n > 1 and draw(st.integers(0, 11)) == 0:  # a cycle
+        graph.add_edge(ids[-1], ids[0])
+    return graph
+
+
+JUNK_BUDGETS = st.one_of(st.floats(-1, 120), st.integers(-3, -1),
+                         st.sampled_from(["12", "", None, True, float("nan"), float("inf"), [5]]))
+TIME_LIMITS = st.sampled_from([None, 2.0, 2.0, 2.0, 2.0, 2.0, 0, -1.0, "1", float("nan")])
+
+
+def _store_all_peak(graph) -> int:
+    from solvers.store_all import store_all_schedule
+
+    try:
+        return simulate(graph, store_all_schedule(graph)).peak_bytes
+    except Exception:  # a broken graph: solve() must say so; any budget will do
+        return 50
+
+
+@st.composite
+def budgets(draw, graph) -> object:
+    """Around the graph's own scale: enough for store-all, anything up to it, or junk."""
+    peak = _store_all_peak(graph)
+    kind = draw(st.sampled_from(["enough", "enough", "up to store-all", "up to store-all", "junk"]))
+    if kind == "enough":
+        return peak + draw(st.integers(0, 5))
+    if kind == "junk":
+        return draw(JUNK_BUDGETS)
+    return draw(st.integers(0, peak))
+
+
+@st.composite
+def cases(draw):
+    graph = draw(cost_graphs())
+    return graph, draw(budgets(graph))
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
+
+
+@pytest.mark.parametrize("method", sorted(METHODS))
+@settings(max_examples=60, **SETTINGS)
+@given(case=cases(), time_limit=TIME_LIMITS)
+def test_solve_gives_a_valid_schedule_within_budget_or_a_documented_error(method, case, time_limit):
+    graph, budget = case
+    try:
+        schedule = solve(graph, budget, method=method, time_limit=time_limit)
+    except Infeasible as error:
+        assert _is_number(budget)
+        assert error.min_budget is None or error.min_budget > int(budget), (error.min_budget, budget)
+        if error.min_budget is not None:  # SPEC: the smallest budget the method can meet
+            at_minimum = solve(graph, error.min_budget, method=method, time_limit=time_limit)
+            assert simulate(graph, at_minimum).peak_bytes <= error.min_budget
+        return
+    except (InvalidGraph, ValueError, TimeoutError) as error:
+        return
+    SOLVED[method] += 1
+    assert _is_number(budget), f"{method} accepted the budget {budget!r}"
+    outcome = simulate(graph, schedule)
+    assert outcome.valid, outcome.error
+    assert outcome.peak_bytes <= budget
+
+
+def test_the_solve_fuzz_solved_with_every_method():
+    """Junk is most of what the strategies draw; every method must also have met real budgets."""
+    if set(SOLVED) != set(METHODS):
+        pytest.skip("run with the solve fuzz tests (it counts their schedules)")
+    assert min(SOLVED.values()) >= 3, SOLVED
 
 
 # -- simulate -------------------------------------------------------------------------------------------------
