@@ -6,9 +6,29 @@
 >>> fast = planner.checkpoint(model, example_inputs, budget="60%")  # doctest: +SKIP
 """
 
-from .api import BudgetInfeasible, FallbackWarning, SolverError, apply, checkpoint, load, plan, plan_untraceable
-from .budget import ACCEPTED_FORMS, Budget, BudgetError, format_bytes, parse_budget
-from .plan import Plan, PlanFileError
+import importlib
+
+# Imported on first use: the command line parses its arguments and budget, and reports mistakes in
+# them, without paying for torch.
+_EXPORTS = {
+    "BudgetInfeasible": ".api", "FallbackWarning": ".api", "SolverError": ".api", "apply": ".api",
+    "checkpoint": ".api", "load": ".api", "plan": ".api", "plan_untraceable": ".api",
+    "ACCEPTED_FORMS": ".budget", "Budget": ".budget", "BudgetError": ".budget", "format_bytes": ".budget",
+    "parse_budget": ".budget", "Plan": ".plan", "PlanFileError": ".plan",
+}
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'planner' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name], __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(list(globals()) + list(_EXPORTS))
+
 
 __all__ = [
     "ACCEPTED_FORMS",

@@ -51,7 +51,7 @@ def _plan_parser() -> argparse.ArgumentParser:
     parser.add_argument("model", help="model file defining build_model() and example_inputs()")
     parser.add_argument("--budget", required=True,
                         help=f"peak memory of the whole step on one device (with several processes, each "
-                             f"rank's own): {ACCEPTED_FORMS}")
+                             f"rank's own): {ACCEPTED_FORMS}".replace("%", "%%"))  # argparse formats help with %
     parser.add_argument("--solver", default="auto", choices=_methods(), help="solver (default: auto)")
     parser.add_argument("--device", default=None, choices=["cpu", "cuda"], help="device to profile on (default: where build_model puts it)")
     parser.add_argument("--out", default="plan.json", help="where to write the plan (default: plan.json)")
@@ -118,17 +118,18 @@ def _join_negative_budget(argv: list[str]) -> list[str]:
 
 
 def run_plan(argv: list[str]) -> int:
-    from planner import api
     from planner.budget import parse_budget
-    from planner.modelfile import load_model_file
-    from planner.progress import Progress
 
     args = _plan_parser().parse_args(_join_negative_budget(argv))
     if args.time_limit is not None and not 0 < args.time_limit < float("inf"):  # nan fails both
         raise _UsageError(f"--time-limit must be a positive number of seconds, got {args.time_limit}")
     if args.max_overhead is not None and not args.max_batch:
         raise _UsageError("--max-overhead goes with --max-batch (the overhead the largest batch may cost)")
-    budget = parse_budget(args.budget)  # reject a bad budget before any work
+    budget = parse_budget(args.budget)  # reject a bad budget before any work (and before importing torch)
+    from planner import api
+    from planner.modelfile import load_model_file
+    from planner.progress import Progress
+
     progress = Progress()
     with progress.task(f"Loading {args.model}"):
         model_file = load_model_file(args.model, args.model_fn, args.inputs_fn, args.device)
@@ -204,22 +205,42 @@ def _one_line_warnings(show):
     return show_warning
 
 
+# Errors that are the user's to fix: (module, class, exit status). A class can only have been raised
+# if its module was imported, so they are looked up in sys.modules, and nothing here imports torch.
+_USER_ERRORS = [
+    ("planner.api", "BudgetInfeasible", EXIT_INFEASIBLE),
+    ("planner.budget", "BudgetError", EXIT_USAGE),
+    ("planner.api", "SolverError", EXIT_USAGE),
+    ("solvers.errors", "SolverUnavailable", EXIT_USAGE),
+    ("planner.modelfile", "ModelFileError", EXIT_USAGE),
+    ("planner.plan", "PlanFileError", EXIT_USAGE),
+    ("profiler.capture", "CaptureError", EXIT_USAGE),
+    ("profiler.inputs", "InputMismatch", EXIT_USAGE),
+    ("planner.batch", "BatchUsageError", EXIT_USAGE),
+    ("planner.maxbatch", "MaxBatchError", EXIT_USAGE),
+    ("planner.show", "ShowUsageError", EXIT_USAGE),
+    ("planner.sweepconfig", "ConfigError", EXIT_USAGE),
+]
+
+
+def _user_error(error: BaseException) -> tuple[int, str] | None:
+    """(exit status, message) for a user's mistake, None for anything else (a bug: keep the traceback)."""
+    if isinstance(error, _UsageError):
+        return EXIT_USAGE, str(error)
+    for module_name, class_name, code in _USER_ERRORS:
+        module = sys.modules.get(module_name)
+        if module is not None and isinstance(error, getattr(module, class_name)):
+            return code, str(error)
+    if isinstance(error, TimeoutError):  # before OSError, of which it is a subclass
+        return EXIT_TIMEOUT, (f"{error}; give the solver more time (--time-limit) or choose a faster one "
+                              "(chen-greedy, dp)")
+    if isinstance(error, OSError) and error.filename is not None:  # a file the user named
+        return EXIT_USAGE, f"{error.filename}: {error.strerror}"
+    return None
+
+
 def _main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    from planner.budget import BudgetError
-    from planner.api import BudgetInfeasible, SolverError
-    from solvers import SolverUnavailable
-    from planner.modelfile import ModelFileError
-    from planner.plan import PlanFileError
-    from profiler import CaptureError, InputMismatch
-    from planner.batch import BatchUsageError
-    from planner.maxbatch import MaxBatchError
-    from planner.show import ShowUsageError
-    from planner.sweepconfig import ConfigError
-
-    user_errors = (BudgetError, ModelFileError, PlanFileError, CaptureError, InputMismatch, _UsageError,
-                   SolverError, SolverUnavailable,
-                   ConfigError, BatchUsageError, ShowUsageError, MaxBatchError)
     try:
         if argv and argv[0] == "batch":
             from planner.batch import main as batch_main
@@ -230,24 +251,16 @@ def _main(argv: list[str] | None = None) -> int:
 
             return show_main(argv[1:])
         return run_plan(argv)
-    except BudgetInfeasible as error:
-        print(f"plan-checkpoints: error: {error}", file=sys.stderr)
-        return EXIT_INFEASIBLE
-    except user_errors as error:
-        print(f"plan-checkpoints: error: {error}", file=sys.stderr)
-        return EXIT_USAGE
-    except TimeoutError as error:  # before OSError, of which it is a subclass
-        print(f"plan-checkpoints: error: {error}; give the solver more time (--time-limit) or choose a faster "
-              "one (chen-greedy, dp)", file=sys.stderr)
-        return EXIT_TIMEOUT
-    except OSError as error:
-        if error.filename is None:  # not about a file the user named: a bug, keep its traceback
-            raise
-        print(f"plan-checkpoints: error: {error.filename}: {error.strerror}", file=sys.stderr)
-        return EXIT_USAGE
     except KeyboardInterrupt:
         print("plan-checkpoints: interrupted", file=sys.stderr)
         return 130
+    except Exception as error:
+        known = _user_error(error)
+        if known is None:
+            raise
+        code, message = known
+        print(f"plan-checkpoints: error: {message}", file=sys.stderr)
+        return code
 
 
 if __name__ == "__main__":

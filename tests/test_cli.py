@@ -132,3 +132,19 @@ def test_other_function_names(tmp_path, capsys):
                               "--inputs-fn", "batch", "--out", tmp_path / "p.json")
     assert code == 0, err
     assert (tmp_path / "p.json").exists()
+
+
+def test_help_and_bad_arguments_answer_without_importing_torch():
+    """--help, a bad budget and a bad option answer at once: nothing of torch is imported for them."""
+    for args, code in ((["--help"], 0), (["m.py", "--budget", "12XB"], 2), (["m.py", "--budget", "1GB", "--solver", "x"], 2)):
+        script = (
+            "import sys; from planner.cli import main\n"
+            "try:\n    code = main(sys.argv[1:])\nexcept SystemExit as stop:\n    code = stop.code or 0\n"
+            "assert 'torch' not in sys.modules, 'torch was imported'\nsys.exit(code)\n"
+        )
+        env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        result = subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True, env=env, timeout=120)
+        assert result.returncode == code, (args, result.stderr)
+        assert "Traceback" not in result.stderr
+        if args == ["--help"]:
+            assert "--budget" in result.stdout and "60%" in result.stdout
