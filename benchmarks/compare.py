@@ -33,7 +33,7 @@ sys.path.insert(0, HERE)
 import planner  # noqa: E402
 import profiler  # noqa: E402
 from models import BENCHMARKS, Benchmark  # noqa: E402
-from planner.plan import write_atomic  # noqa: E402
+from planner.files import write_atomic  # noqa: E402
 
 MiB = 2**20
 SOLVERS = ["chen-sqrtn", "chen-greedy", "revolve", "dp", "ilp", "cpsat"]

@@ -38,7 +38,7 @@ from profiler.costgraph import fingerprint as graph_fingerprint
 from profiler.inputs import input_layout, normalise_inputs
 from profiler.memory import StepMeasurement, measure_step
 from profiler.state import cuda_devices, preserved_state
-from solvers import Infeasible, Schedule, SolverInfo, simulate
+from solvers import Infeasible, Schedule, simulate
 from solvers.schedule import COMPUTE, FREE
 
 from .budget import Budget, format_bytes

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,6 +23,7 @@ from solvers import Schedule, simulate
 from solvers.schedule import COMPUTE
 
 from .budget import format_bytes
+from .files import write_atomic  # noqa: F401  (planner.plan.write_atomic stays importable)
 
 FORMAT = "plan-checkpoints/1"
 
@@ -261,31 +261,6 @@ def graph_from_dict(data: dict) -> nx.DiGraph:
 
     validate(graph)
     return graph
-
-
-def write_atomic(path: str | os.PathLike, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file in the same folder, then rename."""
-    path = os.fspath(path)
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(prefix=".tmp-", suffix=os.path.basename(path), dir=folder)
-    try:
-        with os.fdopen(handle, "w") as file:
-            file.write(text)
-            file.flush()
-            os.fsync(file.fileno())
-        os.chmod(temporary, 0o666 & ~_umask())  # mkstemp makes it private; a plan is an ordinary file
-        os.replace(temporary, path)
-    except BaseException:
-        if os.path.exists(temporary):
-            os.unlink(temporary)
-        raise
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 def load(path: str | os.PathLike) -> Plan:

@@ -6,10 +6,12 @@ global state is shared between plots. Every PNG is written to a temporary file a
 
 from __future__ import annotations
 
+import io
 import os
-import tempfile
 from dataclasses import dataclass
 from typing import Sequence
+
+from .files import write_atomic
 
 MIB = 2**20
 
@@ -35,26 +37,10 @@ def _figure(width: float = 8.0, height: float = 5.0):
 
 
 def save_png(figure, path: str | os.PathLike) -> None:
-    """Write the figure as a PNG at ``path`` through a temporary file in the same folder."""
-    path = os.fspath(path)
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(prefix=".tmp-", suffix=".png", dir=folder)
-    try:
-        with os.fdopen(handle, "wb") as file:
-            figure.savefig(file, format="png")
-        os.chmod(temporary, 0o666 & ~_umask())  # mkstemp makes it private; a picture is for sharing
-        os.replace(temporary, path)
-    except BaseException:
-        if os.path.exists(temporary):
-            os.unlink(temporary)
-        raise
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
+    """Write the figure as a PNG at ``path``, atomically."""
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png")
+    write_atomic(path, buffer.getvalue())
 
 
 def sweep_plot(model: str, points: Sequence[Point], unplanned_peak_bytes: int | None, path: str) -> None:

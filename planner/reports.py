@@ -16,7 +16,7 @@ from dataclasses import asdict
 from typing import Iterable
 
 from .budget import format_bytes
-from .plan import write_atomic
+from .files import write_atomic
 from .plots import Point, sweep_plot
 from .sweepconfig import Run, Sweep
 from .sweeptasks import ERROR, INFEASIBLE, OK_STATUSES, Outcome, Profiled
