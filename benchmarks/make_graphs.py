@@ -19,7 +19,7 @@ sys.path.insert(0, HERE)
 import profiler  # noqa: E402
 from models import BENCHMARKS, UNet, image_batch  # noqa: E402
 from planner.files import write_atomic  # noqa: E402
-from planner.plan import graph_to_dict  # noqa: E402
+from planner.planfile import graph_to_dict  # noqa: E402
 
 
 def gpt2_12_layers():

@@ -27,7 +27,7 @@ sys.path.insert(0, os.path.join(ROOT, "tests"))
 
 from graphs import training_graph  # noqa: E402  (the test suite's generators)
 from planner.files import write_atomic  # noqa: E402
-from planner.plan import graph_from_dict  # noqa: E402
+from planner.planfile import graph_from_dict  # noqa: E402
 from solvers import Infeasible, simulate, solve  # noqa: E402
 from solvers.store_all import store_all_schedule  # noqa: E402
 

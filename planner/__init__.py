@@ -14,7 +14,7 @@ _EXPORTS = {
     "BudgetInfeasible": ".api", "FallbackWarning": ".api", "SolverError": ".api", "apply": ".api",
     "checkpoint": ".api", "load": ".api", "plan": ".api", "plan_untraceable": ".api",
     "ACCEPTED_FORMS": ".budget", "Budget": ".budget", "BudgetError": ".budget", "format_bytes": ".budget",
-    "parse_budget": ".budget", "Plan": ".plan", "PlanFileError": ".plan",
+    "parse_budget": ".budget", "Plan": ".planfile", "PlanFileError": ".planfile",
 }
 
 

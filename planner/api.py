@@ -13,7 +13,7 @@ from solvers.store_all import store_all_schedule
 
 from .budget import format_bytes, parse_budget
 from .fallback import FallbackWarning, ModuleChainPlan, plan_module_chain
-from .plan import Plan, load
+from .planfile import Plan, load
 
 __all__ = ["BudgetInfeasible", "FallbackWarning", "SolverError", "Plan", "apply", "checkpoint", "load", "plan", "plan_untraceable"]
 

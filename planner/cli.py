@@ -213,7 +213,7 @@ _USER_ERRORS = [
     ("planner.api", "SolverError", EXIT_USAGE),
     ("solvers.errors", "SolverUnavailable", EXIT_USAGE),
     ("planner.modelfile", "ModelFileError", EXIT_USAGE),
-    ("planner.plan", "PlanFileError", EXIT_USAGE),
+    ("planner.planfile", "PlanFileError", EXIT_USAGE),
     ("profiler.capture", "CaptureError", EXIT_USAGE),
     ("profiler.inputs", "InputMismatch", EXIT_USAGE),
     ("planner.batch", "BatchUsageError", EXIT_USAGE),

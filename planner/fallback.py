@@ -42,8 +42,8 @@ from solvers import Infeasible, Schedule, simulate
 from solvers.schedule import COMPUTE, FREE
 
 from .budget import Budget, format_bytes
-from .plan import FORMAT as PLAN_FORMAT
-from .plan import Plan, PlanFileError, _seconds
+from .planfile import FORMAT as PLAN_FORMAT
+from .planfile import Plan, PlanFileError, _seconds
 
 CHAIN_FORMAT = "plan-checkpoints/module-chain/1"
 METHOD = "module-chain"

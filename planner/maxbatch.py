@@ -23,7 +23,7 @@ import torch.utils._pytree as pytree
 
 from .api import BudgetInfeasible, plan
 from .budget import Budget, format_bytes, parse_budget
-from .plan import Plan
+from .planfile import Plan
 from .progress import Progress
 
 MAX_GROWTH = 2**16  # give up doubling beyond this multiple of the example batch

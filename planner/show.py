@@ -10,7 +10,7 @@ from solvers import simulate
 from solvers.schedule import COMPUTE
 
 from .budget import format_bytes
-from .plan import Plan, load
+from .planfile import Plan, load
 from .plots import memory_plot
 
 

@@ -1,22 +1,22 @@
 """``cpsat``: the optimal schedule over all computation orders, on OR-tools CP-SAT.
 
-The formulation is Moccasin's retention intervals (Bartan, Li, Jiang, Wang, Yu, Cheng, Gao:
-"Moccasin: Efficient Tensor Rematerialization for Neural Networks", ICML 2023), written for this
-project's memory model (SPEC.md "The schedule", docs/costgraph.md) and strengthened with dominance
-constraints.
+The formulation is Moccasin's retention intervals (Bartan et al., "Moccasin: Efficient Tensor
+Rematerialization for Neural Networks", ICML 2023), written for this project's memory model
+(SPEC.md "The schedule", docs/costgraph.md) and strengthened with dominance constraints and with
+combinatorial lower bounds.
 
-The model
----------
+The model (:func:`build_model`)
+-------------------------------
 Time is a sequence of compute steps ``0 .. K-1``, one computation per step. Node ``v`` gets ``C_v``
 optional *instances* ``k = 0 .. C_v-1``: instance ``k`` is computed at step ``start[v,k]`` and its
 result is held during the steps ``start .. stop-1`` (its *retention interval*, ``stop`` exclusive).
 
 - *presence*: instance 0 is present (every node is computed at least once); the presence literals
   are ordered, ``present[v,k] >= present[v,k+1]``, and present instances are disjoint and in time
-  order (a node is never held when it is recomputed). This numbers instances by time: no symmetry.
+  order (a node is never held when it is recomputed). Instances are numbered by time: no symmetry.
 - *one computation per step*: the compute intervals ``[start, start+1)`` do not overlap, and the
-  ``K = sum(present)`` computations fill the steps ``0 .. K-1`` (no idle steps, so one assignment
-  per compute order rather than one per placement of idle steps).
+  ``K = sum(present)`` computations fill the steps ``0 .. K-1`` (no idle steps: one assignment per
+  compute order, not one per placement of idle steps).
 - *memory*: one cumulative constraint, capacity = the budget, over the retention intervals (demand
   ``mem[v]``) and the compute intervals (demand ``workspace[v]``). Memory during step ``t`` is then
   ``held + mem[v] + workspace[v]``, what ``simulate`` measures: a result read for the last time at
@@ -24,68 +24,84 @@ result is held during the steps ``start .. stop-1`` (its *retention interval*, `
 - *reads*: for every edge ``u -> v`` and present instance ``j`` of ``v``, exactly one literal
   ``cover[u,i,v,j]`` holds, placing ``start[u,i] < start[v,j] < stop[u,i]``: an instance of ``u``
   is held when ``v`` is computed.
-- *frees*: exactly one reader of each instance is its *last* reader, and the instance is freed right
-  after it (``stop = start[last reader] + 1``), except the last instance of an output, held to the
-  end (``stop = K``), and the instance of a non-output sink, freed at once. This is what
-  ``schedule_from_computes`` does; it fixes the ``stop`` variables (no slack for the search) and
-  implies the dominance "every instance is read, but an output's last".
-- objective: the total cost of the present instances (phase 2), or the capacity (phase 1: the
-  minimum peak, for ``Infeasible.min_budget`` and for a first schedule within the budget).
+- *frees*: exactly one reader of an instance is its *last* reader, and the instance is freed right
+  after it (``stop = start[last reader] + 1``); the last instance of an output is held to the end
+  (``stop = K``); a non-output sink is freed at once. These are the frees of
+  ``schedule_from_computes``, the least memory for a compute order; they leave the search no slack
+  in ``stop`` and imply "every instance is read, but an output's last".
+- objective: the total cost of the present instances (phase 2), or the capacity (phase 1).
 
-Redundant constraints that only help propagation: an instance starts after the first instance of
-each predecessor; the first instance of a node starts after all its ancestors' and leaves room for
-its descendants'; the covering instance of ``u`` is monotone in ``v``'s instance number; the number
-of computations is at most what the best known cost allows.
+Redundant constraints, for propagation only: an instance starts after the first instance of each
+input; a node's first instance comes after its ancestors' and leaves room for its descendants';
+the covering instance of ``u`` is monotone in ``v``'s instance number; the number of computations
+is at most what the best known cost allows; the cost is at least the backward bound (below).
 
 How many intervals per node
 ---------------------------
-Among the optimal schedules take one, ``Y``, with the fewest computations. In ``Y``
+Among the optimal schedules take one, ``Y``, with the fewest computations, with the frees of
+``schedule_from_computes`` (no more memory at any step, so still within the budget). In ``Y``
 
 1. every instance of ``v`` is read by some computation, except possibly the last instance of an
-   output: an unread instance that is not the node's only one can be dropped, which keeps the
-   schedule valid, raises memory at no step and cost not at all (costs are >= 0), and removes a
-   computation;
-2. one computation reads one instance of each input, so distinct instances of ``v`` are read by
+   output: an unread instance that is not the node's only one could be dropped, which keeps the
+   schedule valid, raises memory at no step and the cost not at all (costs are >= 0), and removes
+   a computation;
+2. a computation reads one instance of each input, so distinct instances of ``v`` are read by
    distinct computations of its successors:
-   ``count(v) <= max(1, sum_{w in succ(v)} count(w) + [v is an output])``; a sink, and a pinned
-   node, is computed once;
-3. each recomputation of ``v`` costs ``cost[v]`` on top of the un-checkpointed cost ``T``, so with
-   any known schedule of cost ``U``: ``count(v) <= 1 + (U - T) / cost[v]``.
+   ``count(v) <= max(1, sum over successors w of count(w) + [v is an output])``; a sink, and a
+   pinned node, is computed once;
+3. each recomputation of ``v`` costs ``cost[v]`` on top of the un-checkpointed cost ``T``, so, with
+   ``U`` the cost of any known schedule: ``count(v) <= 1 + (U - T) / cost[v]``.
 
-``C_v = min(rule 2 over the successors' C_w, rule 3)``, computed in reverse topological order, gives
-by induction ``count_Y(v) <= C_v`` for every ``v``: the model contains ``Y``, so its optimum is the
-true optimum. The same holds for the minimum peak (rules 1-2; ``Y`` a minimum-peak schedule with
-the fewest computations).
+``C_v = min(rule 2 over the successors' C_w, rule 3)``, in reverse topological order, gives by
+induction ``count_Y(v) <= C_v`` for every ``v``: the model contains ``Y`` (it meets every
+constraint above), so its optimum is the true optimum. The same holds for the minimum peak (rules
+1-2, ``Y`` a minimum-peak schedule with the fewest computations).
 
 Rule 2 grows with depth (a forward node ``d`` steps before the loss of a training graph gets about
 ``d``), so on large graphs some ``C_v`` are *capped* below it. A weaker argument then still bounds
-the optimum: if ``Y`` does not fit the capped counts, follow the nodes from the sinks towards the
-sources; the first ``v`` with ``count_Y(v) > C_v`` has a cap below its rule 2-3 value (else a
-successor would exceed first), so ``cost(Y) >= T + C_v * cost[v]``. Hence the true optimum is at
-least ``min(bound of the capped model, min over capped v of T + C_v * cost[v])``: that is
-``info.lower_bound``, and the status is ``optimal`` when it meets the schedule's cost. While time
-allows, the caps whose term is below the best cost are raised and the model solved again (hinted
-with the best schedule). Where that does not close, ``info.message`` says "optimal with up to C
-intervals per node" and the status is ``feasible`` with the gap.
+the optimum: if ``Y`` does not fit the capped counts, take the last node ``v`` in topological order
+with ``count_Y(v) > C_v``; its successors fit, so its cap is below its rule 2-3 value (else
+``count_Y(v) <= C_v``), and ``cost(Y) >= T + C_v * cost[v]``. Hence the true optimum is at least
+``min(bound of the capped model, min over capped v of T + C_v * cost[v])``, part of
+``info.lower_bound``; the status is ``optimal`` when the lower bound meets the schedule's cost.
+While time allows, the caps whose term is below the best cost are raised and the model solved
+again, hinted with the best schedule. Where that does not close, ``info.message`` says "optimal
+with up to C intervals per node" (or "searched with ...") and the status is ``feasible``.
 
-The minimum peak
-----------------
-Phase 1 floors the capacity at a combinatorial lower bound: holding a set ``S`` of results for the
-first time ends with the computation of some ``x`` in ``S``, during which ``S - {x}``, ``x`` and the
-inputs of ``x`` are held, and before which ``S - {x} + inputs(x)`` was held. The recursion over
-``x`` (:meth:`Backward.peak`) bounds every schedule's peak; when phase 1 finds a schedule with
-that peak, the minimum budget is proven (on the graphs of the tests it always is).
+Lower bounds (:class:`Backward`)
+--------------------------------
+The first moment a schedule holds all of a set ``S`` of results follows the computation of some
+``x`` in ``S``, during which ``S - {x}``, ``x`` and its inputs are held, and before which
+``S - {x} + inputs(x)`` was held. Unrolled over ``x``, this bounds the peak of every schedule, and
+the cost of every schedule within a budget (reaching the outputs, or a node with its inputs, plus
+one computation of every node outside their ancestry). Read backwards, such an unrolling *is* a
+schedule, so on small graphs both bounds are usually exact: phase 1 then proves the minimum budget
+as soon as it meets the peak bound, and phase 2 stops as soon as CP-SAT meets the cost bound. On
+large graphs the recursion is cut off (each set then gets a trivial bound) and CP-SAT's own bound
+does the work.
+
+Phases
+------
+Store-all, when it fits, is optimal. Otherwise the quick methods (store-all, chen-greedy, dp) and two
+heuristics of this module give hints within the budget (``hints=True``). Phase 1 (only when none
+fits) minimises the peak, floored at the budget: it finds a first schedule, or proves the budget
+infeasible and gives ``Infeasible.min_budget`` (proven when it meets the peak bound; the message
+says when not). Phase 2 minimises the cost, restarting with smaller counts when a better schedule
+shrinks them (rule 3).
 
 Numbers
 -------
-Memory is divided by the gcd of all sizes (exact). Costs become integers: by a power of ten when
-that makes every cost whole (within 1e-9), otherwise rounded *down* at a scale where the largest
-objective is ~1e12; the model's bound then bounds every schedule's true cost from below, so
-``lower_bound`` stays honest and ``gap`` includes the rounding (``optimal`` needs a gap <= 1e-9).
+Memory is divided by the gcd of all sizes (exact; coarser, rounded up, only against int64
+overflow, and then only the trivial cost bound is claimed). Costs become integers: by a power of
+ten when that makes every cost whole (within 1e-9), otherwise rounded *down* at a scale where the
+largest objective is ~1e12; the model's bound then still bounds every schedule's true cost from
+below, so ``lower_bound`` stays honest and ``gap`` covers the rounding (``optimal`` needs a
+relative gap <= 1e-9).
 """
 
 from __future__ import annotations
 
+import bisect
 import logging
 import math
 import os
@@ -94,6 +110,7 @@ from dataclasses import dataclass, field
 from functools import reduce
 from typing import Callable, Sequence
 
+from . import exhaustive
 from .errors import Infeasible, SolverUnavailable
 from .graph import NodeCosts, node_costs, total_cost
 from .liveness import schedule_from_computes
@@ -130,6 +147,11 @@ SOLVER_PARAMETERS: dict = {"cp_model_probing_level": 0, "max_presolve_iterations
 BOUND_WORK = 200_000
 BOUND_DEPTH = 400
 BOUND_SECONDS = 2.0
+# Phase 1 on graphs this small first tries the exact bit-mask search of solvers/exhaustive.py, with
+# this share of the time: measured, CP-SAT did not reach the minimum peak of a 20-node training
+# graph (a 4-layer MLP by op) in 60 s, which the search proves in ~2 s.
+EXACT_PEAK_MAX_NODES = 20
+EXACT_PEAK_TIME_SHARE = 0.3
 
 
 # -- numbers ------------------------------------------------------------------------------------
@@ -290,6 +312,10 @@ def relatives(costs: NodeCosts) -> tuple[list[int], list[int]]:
     return [bin(b).count("1") for b in up], [bin(b).count("1") for b in down]
 
 
+class _OutOfWork(Exception):
+    """A backward bound ran out of its work or time allowance."""
+
+
 class Backward:
     """Lower bounds from the last computation before a set of results is held (module doc).
 
@@ -300,9 +326,12 @@ class Backward:
     ``S``: its peak from below (:meth:`peak`), and, under a budget, its cost (:meth:`cost`: only the
     ``x`` whose step fits can come last). Sets are bit masks over topological positions.
 
-    The recursion is exponential in the worst case: after ``work`` sets, or past ``deadline`` or
-    ``max_depth``, a set gets its trivial bound (its own bytes; the cost of computing each node of
-    its ancestry once), which keeps every value a valid lower bound.
+    Read backwards, an unrolling is a schedule (compute the ``x`` in reverse, holding each ``S``),
+    so the bounds are exact when the best unrolling is also valid for the pinned nodes and the nodes
+    outside the ancestry. The recursion is exponential in the worst case: past ``BOUND_DEPTH``
+    levels a set gets its trivial bound (its own bytes; one computation of each node of its
+    ancestry), and after ``work`` sets or ``seconds`` the bound is what the targets finished so far
+    (and the trivial bound) give; either way it stays a valid lower bound.
     """
 
     def __init__(self, costs: NodeCosts, work: int = BOUND_WORK, seconds: float | None = BOUND_SECONDS):
@@ -333,39 +362,49 @@ class Backward:
         return out
 
     def _exhausted(self, depth: int) -> bool:
-        if self.work <= 0 or depth > BOUND_DEPTH:
-            return True
+        """True past ``BOUND_DEPTH`` (the set gets its trivial bound); raises :class:`_OutOfWork`
+        past the work or time allowed (the bound keeps what the finished targets gave)."""
         self.work -= 1
-        if self.deadline is not None and self.work % 256 == 0 and time.perf_counter() > self.deadline:
-            self.work = 0  # out of time: every set from now on gets its trivial bound
-        return False
+        if self.work < 0 or (self.deadline is not None and time.perf_counter() > self.deadline):
+            raise _OutOfWork
+        return depth > BOUND_DEPTH
 
-    def _step(self, mask: int, x: int) -> tuple[int, int]:
-        """(the set held before computing x last, bytes during that computation)."""
-        before = (mask & ~(1 << x)) | self.inputs[x]
-        return before, self.held(before) + self.costs.mem[x] + self.costs.workspace[x]
+    def _step(self, mask: int, held: int, x: int) -> tuple[int, int, int]:
+        """Computing ``x`` last before ``mask`` (of ``held`` bytes) is held: the set held before,
+        its bytes, and the bytes during the computation."""
+        added = self.inputs[x] & ~mask
+        before = (mask & ~(1 << x)) | added
+        held_before = held - self.costs.mem[x] + (self.held(added) if added else 0)
+        return before, held_before, held_before + self.costs.mem[x] + self.costs.workspace[x]
 
     def peak(self) -> int:
         """Bytes that every valid schedule's peak reaches."""
         memo: dict[int, int] = {0: 0}
 
-        def reach(mask: int, depth: int) -> int:
+        def reach(mask: int, held: int, depth: int) -> int:
             if mask in memo:
                 return memo[mask]
             if self._exhausted(depth):
-                return self.held(mask)
+                return held
             best = math.inf
             for x in sorted(self.members(mask), reverse=True):  # latest first: usually best
-                before, during = self._step(mask, x)
+                before, held_before, during = self._step(mask, held, x)
                 if during < best:
-                    best = min(best, max(during, reach(before, depth + 1)))
+                    best = min(best, max(during, reach(before, held_before, depth + 1)))
             memo[mask] = int(best)
             return memo[mask]
 
-        bound = reach(self.outputs(), 0)
-        for v in range(self.costs.n):
-            before, during = self._step(1 << v, v)
-            bound = max(bound, during, reach(before, 0))
+        bound = 0
+        for v in range(self.costs.n):  # a node is computed with its inputs held
+            bound = max(bound, self._step(1 << v, self.costs.mem[v], v)[2])
+        try:
+            outputs = self.outputs()
+            bound = max(bound, reach(outputs, self.held(outputs), 0))
+            for v in range(self.costs.n):
+                before, held_before, _ = self._step(1 << v, self.costs.mem[v], v)
+                bound = max(bound, reach(before, held_before, 0))
+        except _OutOfWork:
+            pass
         return bound
 
     def cost(self, budget: int, weights: Sequence[float]) -> float:
@@ -377,26 +416,28 @@ class Backward:
         def once(mask: int) -> float:
             return sum(weights[y] for y in self.members(mask))
 
-        def reach(mask: int, depth: int) -> float:
+        def reach(mask: int, held: int, depth: int) -> float:
             if mask in memo:
                 return memo[mask]
             if self._exhausted(depth):
                 return once(self.closure(mask))
             best = math.inf
             for x in sorted(self.members(mask), reverse=True):
-                before, during = self._step(mask, x)
+                before, held_before, during = self._step(mask, held, x)
                 if during > budget or weights[x] + once(self.closure(before)) >= best:
                     continue  # does not fit, or cannot beat the best ending found
-                best = min(best, weights[x] + reach(before, depth + 1))
+                best = min(best, weights[x] + reach(before, held_before, depth + 1))
             memo[mask] = best
             return best
 
-        everything = once((1 << self.costs.n) - 1)
+        everything = (1 << self.costs.n) - 1
         targets = [self.outputs()] + [(1 << v) | self.inputs[v] for v in range(self.costs.n)]
-        bound = everything
-        for mask in targets:
-            outside = everything - once(self.closure(mask))
-            bound = max(bound, reach(mask, 0) + outside)
+        bound = once(everything)
+        try:
+            for mask in targets:
+                bound = max(bound, reach(mask, self.held(mask), 0) + once(everything & ~self.closure(mask)))
+        except _OutOfWork:
+            pass
         return bound
 
     def outputs(self) -> int:
@@ -793,24 +834,27 @@ class _Evicting:
         self.position = 0  # the node of the topological order being computed
 
     def next_use(self, u: int) -> int:
-        """When ``u`` is read next: its next successor in topological order; the end for an
-        output; never (2n) otherwise."""
-        later = [w for w in self.costs.succs[u] if w >= self.position]
-        if later:
-            return min(later)
+        """When ``u`` is read next: its next successor in topological order (they are sorted); the
+        end for an output; never (2n) otherwise."""
+        readers = self.costs.succs[u]
+        at = bisect.bisect_left(readers, self.position)
+        if at < len(readers):
+            return readers[at]
         return self.costs.n if self.costs.output[u] else 2 * self.costs.n
 
     def compute(self, x: int) -> bool:
         """Compute ``x`` (its inputs are held), first evicting the results read furthest ahead."""
         costs = self.costs
-        while self.bytes + costs.mem[x] + costs.workspace[x] > self.budget:
-            victims = [u for u in self.held if not self.protected.get(u) and not costs.pinned[u]
-                       and u not in costs.preds[x]]
-            if not victims:
-                return False
-            victim = max(victims, key=lambda u: (self.next_use(u), costs.mem[u]))
-            self.held.discard(victim)
-            self.bytes -= costs.mem[victim]
+        if self.bytes + costs.mem[x] + costs.workspace[x] > self.budget:
+            victims = sorted((u for u in self.held if not self.protected.get(u) and not costs.pinned[u]
+                              and u not in costs.preds[x]),
+                             key=lambda u: (self.next_use(u), costs.mem[u]))
+            while self.bytes + costs.mem[x] + costs.workspace[x] > self.budget:
+                if not victims:
+                    return False
+                victim = victims.pop()  # read furthest ahead (the largest on ties)
+                self.held.discard(victim)
+                self.bytes -= costs.mem[victim]
         self.order.append(x)
         self.held.add(x)
         self.bytes += costs.mem[x]
@@ -951,6 +995,18 @@ def low_peak_schedule(graph, costs: NodeCosts, low: int, high: int, seconds: flo
     return best
 
 
+def exact_min_peak(graph, costs: NodeCosts, clock: Clock) -> Checked | None:
+    """A minimum-peak schedule by exhaustive search on small graphs (its peak is proven minimal), or
+    None when the graph is too large or the search runs out of its share of the time."""
+    if costs.n > EXACT_PEAK_MAX_NODES:
+        return None
+    try:
+        schedule = exhaustive.min_peak_schedule(graph, clock.share(EXACT_PEAK_TIME_SHARE))
+    except TimeoutError:
+        return None
+    return checked(graph, costs, [costs.index[v] for v in schedule.computes()], None)
+
+
 def min_peak_phase(graph, costs: NodeCosts, memory: MemoryScale, budget: int, lower: int,
                    store_all: Checked, shortcut: Checked | None, clock: Clock, workers: int, hard_cap: int,
                    horizon_limit: int) -> PeakResult:
@@ -1047,8 +1103,13 @@ def solve_cpsat(graph, budget: int, time_limit: float | None = None, *, workers:
     if known.computes is None:
         shortcut = None
         if hints:
-            shortcut = low_peak_schedule(graph, costs, max(budget, lower_peak), store_all.simulation.peak_bytes,
-                                         clock.budget_for_bounds())
+            exact = exact_min_peak(graph, costs, clock)
+            if exact is not None:  # the true minimum peak, and a schedule that meets it
+                lower_peak = max(lower_peak, exact.simulation.peak_bytes)
+                shortcut = exact
+            else:
+                shortcut = low_peak_schedule(graph, costs, max(budget, lower_peak), store_all.simulation.peak_bytes,
+                                             clock.budget_for_bounds())
         result = min_peak_phase(graph, costs, memory, budget, lower_peak, store_all, shortcut, clock, workers,
                                 hard_cap, horizon_limit)
         if result.peak > budget:

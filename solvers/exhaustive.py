@@ -23,6 +23,7 @@ from .errors import Infeasible
 from .graph import NodeCosts, node_costs
 from .liveness import schedule_from_computes
 from .schedule import Schedule
+from .simulate import simulate
 
 MAX_NODES = 22
 
@@ -99,14 +100,7 @@ def min_cost_schedule(graph, budget: int, time_limit: float | None = None) -> Sc
         if spent > best[(held, done)]:
             continue
         if moves.is_goal(held, done):
-            computes = []
-            key = (held, done)
-            while parent[key] is not None:
-                key, node = parent[key]
-                if node is not None:
-                    computes.append(costs.order[node])
-            computes.reverse()
-            return schedule_from_computes(graph, computes).with_info(
+            return schedule_from_computes(graph, _computes_to(held, done, parent, costs)).with_info(
                 method="exhaustive", status="optimal", gap=0.0, lower_bound=spent,
                 solve_seconds=time.perf_counter() - started, budget_bytes=budget, compute_cost=spent)
         if time_limit is not None and time.perf_counter() - started > time_limit:
@@ -123,26 +117,50 @@ def min_cost_schedule(graph, budget: int, time_limit: float | None = None) -> Sc
     raise Infeasible(f"no schedule fits in {budget} bytes", min_budget=min_peak(graph), method="exhaustive")
 
 
-def min_peak(graph) -> int:
-    """The smallest peak (bytes) over all valid schedules: the minimum feasible budget."""
+def _computes_to(held: int, done: int, parent: dict, costs: NodeCosts) -> list:
+    """The computations on the search path to state ``(held, done)``, in order."""
+    computes = []
+    key = (held, done)
+    while parent[key] is not None:
+        key, node = parent[key]
+        if node is not None:
+            computes.append(costs.order[node])
+    computes.reverse()
+    return computes
+
+
+def min_peak_schedule(graph, time_limit: float | None = None) -> Schedule:
+    """A schedule with the smallest peak (bytes) over all valid schedules, proven: the bottleneck
+    shortest path (Dijkstra on the peak so far). Raises ``TimeoutError`` when ``time_limit`` seconds
+    pass first."""
+    started = time.perf_counter()
     costs = _prepare(graph)
     moves = _Moves(costs)
     counter = itertools.count()
     frontier = [(0, next(counter), 0, 0, 0)]
     best = {(0, 0): 0}
+    parent: dict = {(0, 0): None}
     while frontier:
         peak, _, held, done, held_bytes = heapq.heappop(frontier)
         if peak > best[(held, done)]:
             continue
         if moves.is_goal(held, done):
-            return peak
-        for is_compute, _v, new_held, new_done, new_bytes, during in moves(held, done, held_bytes):
+            return schedule_from_computes(graph, _computes_to(held, done, parent, costs))
+        if time_limit is not None and time.perf_counter() - started > time_limit:
+            raise TimeoutError(f"exhaustive search for the minimum peak did not finish within {time_limit} s")
+        for is_compute, v, new_held, new_done, new_bytes, during in moves(held, done, held_bytes):
             new_peak = max(peak, during) if is_compute else peak
             key = (new_held, new_done)
             if new_peak < best.get(key, float("inf")):
                 best[key] = new_peak
+                parent[key] = ((held, done), v if is_compute else None)
                 heapq.heappush(frontier, (new_peak, next(counter), new_held, new_done, new_bytes))
     raise AssertionError("unreachable: computing every node once in topological order is always valid")
+
+
+def min_peak(graph) -> int:
+    """The smallest peak (bytes) over all valid schedules: the minimum feasible budget."""
+    return simulate(graph, min_peak_schedule(graph)).peak_bytes
 
 
 def solve_exhaustive(graph, budget: int, time_limit: float | None = None) -> Schedule:

@@ -148,3 +148,18 @@ def test_help_and_bad_arguments_answer_without_importing_torch():
         assert "Traceback" not in result.stderr
         if args == ["--help"]:
             assert "--budget" in result.stdout and "60%" in result.stdout
+
+
+def test_public_names_stay_functions_and_classes_whatever_was_imported_first():
+    """``planner.plan`` once resolved to a submodule of the same name when that submodule had been
+    imported before the first ``planner.plan(...)`` call; every export must survive any import order."""
+    script = (
+        "import importlib, pkgutil, types, planner\n"
+        "for info in pkgutil.iter_modules(planner.__path__):\n"
+        "    importlib.import_module('planner.' + info.name)\n"
+        "bad = [n for n in planner.__all__ if isinstance(getattr(planner, n), types.ModuleType)]\n"
+        "assert not bad, bad\n"
+    )
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
+    assert result.returncode == 0, result.stderr

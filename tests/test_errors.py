@@ -87,9 +87,7 @@ def tanh_mlp():
     return model, inputs, prof
 
 
-# cpsat is left out: under a time limit its min_budget is the smallest peak it found, and the next
-# call at that budget may not find that schedule again and raise Infeasible (reported in issue 6).
-@pytest.mark.parametrize("solver", ["chen-sqrtn", "chen-greedy", "revolve", "dp"])
+@pytest.mark.parametrize("solver", ["chen-sqrtn", "chen-greedy", "revolve", "dp", "cpsat"])
 def test_an_infeasible_budget_gives_the_true_minimum(tanh_mlp, solver):
     model, inputs, prof = tanh_mlp
     options = dict(solver=solver, profile=prof, time_limit=20)

@@ -23,7 +23,7 @@ from solvers import Schedule, simulate
 from solvers.schedule import COMPUTE
 
 from .budget import format_bytes
-from .files import write_atomic  # noqa: F401  (planner.plan.write_atomic stays importable)
+from .files import write_atomic
 
 FORMAT = "plan-checkpoints/1"
 
