@@ -8,7 +8,6 @@ one process running the unplanned model on the whole batch.
 
 from __future__ import annotations
 
-import copy
 import json
 import os
 import socket

@@ -8,7 +8,6 @@ import pytest
 import torch
 
 import planner
-import profiler
 from planner.maxbatch import MaxBatchError, batch_size_of, largest_fitting, predict_graph, scale_inputs
 
 from test_cli import model_file, run
