@@ -15,6 +15,8 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint_sequential
 
+from examples import gpt2 as example_gpt2
+
 
 @dataclass
 class Benchmark:
@@ -38,19 +40,12 @@ def _hf_per_layer(model: nn.Module) -> nn.Module:
 
 # -- GPT-2 -------------------------------------------------------------------------------------------
 def gpt2() -> nn.Module:
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    torch.manual_seed(0)
-    config = GPT2Config(n_layer=6, n_embd=256, n_head=8, vocab_size=8192, n_positions=256, use_cache=False,
-                        bos_token_id=0, eos_token_id=0)
-    model = GPT2LMHeadModel(config)
-    model.loss_type = "ForCausalLM"
-    return model
+    """The bundled example's GPT-2 (examples/gpt2.py: 6 layers, width 256), over 256 tokens."""
+    return example_gpt2.build_model(tokens=256)
 
 
-def token_batch(batch: int = 4, tokens: int = 256, vocab: int = 8192) -> dict:
-    ids = torch.randint(0, vocab, (batch, tokens), generator=torch.Generator().manual_seed(1))
-    return {"input_ids": ids, "labels": ids}
+def token_batch(batch: int = 4, tokens: int = 256, vocab: int = example_gpt2.VOCAB) -> dict:
+    return example_gpt2.example_inputs(batch=batch, tokens=tokens, vocab=vocab)
 
 
 # -- BERT --------------------------------------------------------------------------------------------

@@ -60,3 +60,13 @@ def check_method_at(graph, budget: int, method: str):
     return outcome
 
 
+
+
+def check_candidate_bounds(graph, view, candidate) -> None:
+    """A chain-heuristic candidate's predicted cost is its lowered schedule's simulated cost, and
+    its lower bounds on cost and peak are sound."""
+    outcome = simulate(graph, view.lower(candidate.build()))
+    assert outcome.valid
+    assert candidate.cost() == pytest.approx(outcome.compute_cost)
+    assert candidate.cost_lower_bound <= candidate.cost() + 1e-9
+    assert candidate.peak_lower_bound <= outcome.peak_bytes

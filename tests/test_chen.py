@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from contract import check_method_at
+from contract import check_candidate_bounds, check_method_at
 from graphs import (
     budget_sweep,
     chain,
@@ -202,12 +202,7 @@ def test_candidate_costs_and_bounds_are_exact_or_sound():
         view = chain_view(graph)
         base, seconds = total_cost(graph), stage_forward_seconds(view)
         for starts in greedy_candidate_starts(view):
-            item = segment_candidate(view, starts, base, seconds)
-            outcome = simulate(graph, view.lower(item.build()))
-            assert outcome.valid
-            assert item.cost() == pytest.approx(outcome.compute_cost)
-            assert item.cost_lower_bound <= item.cost() + 1e-9
-            assert item.peak_lower_bound <= outcome.peak_bytes
+            check_candidate_bounds(graph, view, segment_candidate(view, starts, base, seconds))
 
 
 # -- both methods on cost graphs -------------------------------------------------------------------
