@@ -27,8 +27,9 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
+# The project's packages before this folder: benchmarks/solvers.py must not shadow the solvers package.
 sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.dirname(HERE))
 
 import planner  # noqa: E402
 import profiler  # noqa: E402
@@ -90,6 +91,17 @@ def _compiled(bench: Benchmark, base, ratio: float, inputs):
     return compiled, time.perf_counter() - started
 
 
+# What a solver may answer instead of a plan; the row records it and the benchmark goes on.
+PLAN_FAILURES = (planner.BudgetInfeasible, planner.SolverError, TimeoutError)
+
+
+def _failed_row(method: str, kind: str, budget: int | None, label: str, error: Exception) -> Row:
+    if isinstance(error, planner.BudgetInfeasible):
+        note = f"min {error.min_budget / MiB:.1f} MiB" if error.min_budget is not None else "no minimum known"
+        return Row(method, kind, budget, label, status="infeasible", note=note)
+    return Row(method, kind, budget, label, status="failed", note=str(error)[:120])
+
+
 def _plan_row(method: str, kind: str, plan, label: str, planning: float) -> Row:
     info = plan.schedule.info
     return Row(method, kind, plan.budget_bytes, label, plan.predicted_peak_bytes, None, plan.predicted_seconds,
@@ -129,9 +141,8 @@ def run_model(name: str, rounds: int, fractions: list[float], solvers: list[str]
             try:
                 plan = planner.plan(base, inputs, budget=f"{fraction * 100:g}%", solver=solver,
                                     time_limit=time_limit, profile=prof)
-            except planner.BudgetInfeasible as error:
-                rows[key] = Row(key, "plan", budget_label=f"{fraction:.0%}", status="infeasible",
-                                note=f"min {error.min_budget / MiB:.1f} MiB")
+            except PLAN_FAILURES as error:
+                rows[key] = _failed_row(key, "plan", None, f"{fraction:.0%}", error)
                 continue
             rows[key] = _plan_row(key, "plan", plan, f"{fraction:.0%}", time.perf_counter() - started)
             modules[key] = planner.apply(base, plan)
@@ -149,8 +160,8 @@ def run_model(name: str, rounds: int, fractions: list[float], solvers: list[str]
         started = time.perf_counter()
         try:
             plan = planner.plan(base, inputs, budget=budget, solver=best_solver, time_limit=time_limit, profile=prof)
-        except planner.BudgetInfeasible as error:
-            rows[match] = Row(match, "matched", budget, key, status="infeasible", note=f"min {error.min_budget / MiB:.1f} MiB")
+        except PLAN_FAILURES as error:
+            rows[match] = _failed_row(match, "matched", budget, key, error)
             continue
         rows[match] = _plan_row(match, "matched", plan, key, time.perf_counter() - started)
         modules[match] = planner.apply(base, plan)
@@ -206,7 +217,7 @@ def markdown(result: dict) -> str:
         status = r["status"] + (f", gap {r['gap']:.1%}" if r["gap"] else "")
         if r["compile_seconds"]:
             status = f"compile {r['compile_seconds']:.0f} s"
-        if r["note"] and r["status"] == "infeasible":
+        if r["note"] and r["status"] in ("infeasible", "failed"):
             status += f" ({r['note']})"
         lines.append(
             f"| {r['method']} | {budget} | {_fmt(r['predicted_peak'], MiB)} | {_fmt(r['measured_peak'], MiB)} | {peak_ratio} "

@@ -13,8 +13,9 @@ import os
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
+# The project's packages before this folder: benchmarks/solvers.py must not shadow the solvers package.
 sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.dirname(HERE))
 
 import profiler  # noqa: E402
 from models import BENCHMARKS, UNet, image_batch  # noqa: E402
