@@ -43,7 +43,7 @@ from solvers.schedule import COMPUTE, FREE
 
 from .budget import Budget, format_bytes
 from .planfile import FORMAT as PLAN_FORMAT
-from .planfile import Plan, PlanFileError, _seconds
+from .planfile import Plan, PlanFileError, _seconds, _text, _whole
 
 CHAIN_FORMAT = "plan-checkpoints/module-chain/1"
 METHOD = "module-chain"
@@ -90,25 +90,13 @@ class ModuleChain:
     @classmethod
     def from_dict(cls, data: dict) -> "ModuleChain":
         blocks = tuple(
-            BlockCost(_string(b["path"]), _whole(b["saved_bytes"]), _seconds(b["seconds"])) for b in data["blocks"]
+            BlockCost(_text(b["path"]), _whole(b["saved_bytes"]), _seconds(b["seconds"])) for b in data["blocks"]
         )
-        checkpointed = tuple(_string(p) for p in data["checkpointed"])
+        checkpointed = tuple(_text(p) for p in data["checkpointed"])
         unknown = [p for p in checkpointed if p not in {b.path for b in blocks}]
         if unknown:
             raise ValueError(f"checkpointed block {unknown[0]!r} is not one of the chain's blocks")
-        return cls(_string(data["container"]), blocks, checkpointed, _string(data.get("reason", "")))
-
-
-def _string(value) -> str:
-    if not isinstance(value, str):
-        raise TypeError(f"expected a string, got {type(value).__name__}")
-    return value
-
-
-def _whole(value) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"expected a whole number of bytes, got {value!r}")
-    return value
+        return cls(_text(data["container"]), blocks, checkpointed, _text(data.get("reason", "")))
 
 
 @dataclass

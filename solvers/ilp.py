@@ -185,6 +185,15 @@ def _is_const(entry) -> bool:
     return isinstance(entry, (int, float))
 
 
+def _set_one(entry, values: dict) -> bool:
+    """Set a warm-start entry to 1: a variable gets the value, a fixed entry must already be 1
+    (False: the schedule is not expressible in the model)."""
+    if _is_const(entry):
+        return entry == 1
+    values[entry] = 1.0
+    return True
+
+
 def _is_one(entry) -> bool:
     """Whether a model entry is fixed to 1. (Never write ``entry == 1``: on a PuLP variable that
     builds a constraint, which is truthy.)"""
@@ -413,19 +422,11 @@ def model_values(model: CheckmateModel, graph, schedule: Schedule) -> dict | Non
             position += 1
             t = stage_of[position]
             if last is None or last[0] != t:
-                for h in held:  # held entering stage t
-                    entry = model.s(t, h)
-                    if _is_const(entry):
-                        if entry != 1:
-                            return None
-                    else:
-                        values[entry] = 1.0
-            entry = model.r(t, i)
-            if _is_const(entry):
-                if entry != 1:
+                # held entering stage t
+                if not all(_set_one(model.s(t, h), values) for h in held):
                     return None
-            else:
-                values[entry] = 1.0
+            if not _set_one(model.r(t, i), values):
+                return None
             held.add(i)
             last = (t, i)
         else:
