@@ -13,14 +13,16 @@ How the view is built (docs/costgraph.md, "Graph attributes"):
    the graph's ``loss_node``, or else the node after which a store-all schedule holds the most.
 2. *Reserved* nodes are computed once and held while anyone needs them: pinned forward nodes (the
    model's outputs, held by the caller anyway) and "persistent" small nodes that are read across
-   many stages (attention masks, position ids), up to 2% of the store-all peak in total. Their
+   many stages (attention masks, position ids), up to a share of the store-all peak in total (2%
+   by default; :func:`chain_views` builds one view per share of :data:`PERSISTENT_SHARES`). Their
    bytes are set aside from the chain's budget; leaving them out is what lets a real transformer's
    blocks form a chain at all.
 3. Stage boundaries are the forward positions after which only the node just computed crosses to a
    later forward node (reserved nodes aside), plus one right before the loss, which is stage L.
 4. A backward node belongs to the latest stage among the forward nodes it reads, raised to that of
    any backward node that reads it (a node must run before its readers, and the backward runs
-   from stage L down to 0).
+   from stage L down to 0), and raised to one below the lowest backward stage it reads from when
+   its forward inputs allow (:func:`_follow_the_gradient`).
 
 The chain is conservative: every size it reports bounds what the lowered schedule really holds,
 so a sequence that fits the chain model fits the graph; chain methods still check the lowered
@@ -45,6 +47,11 @@ Node = Hashable
 
 # Persistent (reserved) small nodes may take at most this share of the store-all peak.
 PERSISTENT_SHARE = 0.02
+# The shares :func:`chain_views` tries. Holding a small result throughout buys finer stages but costs
+# its bytes at every moment of the step, the peak included: GPT-2's residual streams (1 MiB each)
+# split its blocks into attention and MLP halves at 2%, and at 0.25% only the position/mask tensor
+# read by every block is held, which is what reaches per-layer checkpointing's peak.
+PERSISTENT_SHARES = (0.02, 0.01, 0.005, 0.0025, 0.0)
 
 
 @dataclass(frozen=True, eq=False)
@@ -152,8 +159,18 @@ def _persistent_nodes(graph, forward: Sequence[Node], position: dict, budget_byt
         total += graph.nodes[best]["mem"]
 
 
-def chain_view(graph) -> ChainView:
-    """Build the :class:`ChainView` of a cost graph (see the module docstring for the rules)."""
+def chain_view(graph, persistent_share: float = PERSISTENT_SHARE) -> ChainView:
+    """Build the :class:`ChainView` of a cost graph (see the module docstring for the rules), its
+    persistent nodes within ``persistent_share`` of the store-all peak (bytes)."""
+    return chain_views(graph, (persistent_share,))[0]
+
+
+def chain_views(graph, persistent_shares: Sequence[float] = PERSISTENT_SHARES) -> list[ChainView]:
+    """The distinct chain views for each share of the store-all peak given to persistent nodes.
+
+    Chain methods plan on each and keep the best lowered schedule: which share is best depends on
+    the budget (finer stages against bytes held throughout), and the views cost milliseconds.
+    """
     order = topological_order(graph)
     loss = graph.graph.get("loss_node")
     if loss is None:
@@ -162,10 +179,18 @@ def chain_view(graph) -> ChainView:
     forward = [v for v in order if v in forward_set]
     backward = [v for v in order if v not in forward_set]
     position = {v: p for p, v in enumerate(forward)}
-
+    pinned = {v for v in forward if is_pinned(graph, v)}
     store_all_peak = simulate(graph, store_all_schedule(graph)).peak_bytes
-    persistent = _persistent_nodes(graph, forward[:-1], position, PERSISTENT_SHARE * store_all_peak)
-    reserved = frozenset(persistent | {v for v in forward if is_pinned(graph, v)})
+    views: dict[frozenset, ChainView] = {}
+    for share in persistent_shares:
+        persistent = _persistent_nodes(graph, forward[:-1], position, share * store_all_peak)
+        reserved = frozenset(persistent | pinned)
+        if reserved not in views:
+            views[reserved] = _view(graph, loss, forward, backward, position, reserved)
+    return list(views.values())
+
+
+def _view(graph, loss: Node, forward: list, backward: list, position: dict, reserved: frozenset) -> ChainView:
 
     # 3. Boundaries: after position p when no non-reserved node before p is read after p, except
     # the node at p itself. `reach` is the furthest forward reader of anything made so far.
@@ -202,6 +227,7 @@ def chain_view(graph) -> ChainView:
         for reader in graph.successors(node):
             stage = max(stage, backward_stage.get(reader, -1))
         backward_stage[node] = max(stage, 0)
+    _follow_the_gradient(graph, backward, backward_stage, stage_of, reserved)
     backward_stages = [[] for _ in stages]
     for node in backward:
         backward_stages[backward_stage[node]].append(node)
@@ -214,6 +240,34 @@ def chain_view(graph) -> ChainView:
         reserved=reserved,
         stage_of=stage_of,
     )
+
+
+def _follow_the_gradient(graph, backward: Sequence[Node], backward_stage: dict, stage_of: dict,
+                         reserved: frozenset) -> None:
+    """Raise a backward node to one stage below the lowest backward stage it reads from.
+
+    The rule "the latest stage among the forward results it reads" places the backward of an op
+    that reads only its *input* (a linear layer's input gradient reads the weight and x_i, not its
+    output) in stage i-1, the input's producer. When stage i's backward is otherwise empty (an
+    output projection whose forward stage holds one op), the gradient from B_{i+1} then skips
+    B_i and the chain model can only hold it as a result kept to the end (``gout``): GPT-2's
+    32 MiB logits gradient was counted through the whole backward pass. In stage min-1 the node
+    reads that gradient as y_i and its forward inputs as x_i, which the model holds during B_i.
+
+    Raising a node keeps every constraint of the placement: it stays at or below each backward
+    node it reads (min - 1 < min), and its readers, placed at or below it already, stay so.
+    Nodes are visited in topological order so that a raised node lets its readers follow.
+    """
+    for node in backward:
+        sources = [backward_stage[u] for u in graph.predecessors(node) if u in backward_stage]
+        if not sources:
+            continue
+        target = min(sources) - 1
+        forward_read = [stage_of[u] for u in graph.predecessors(node) if u in stage_of and u not in reserved]
+        # Only where the forward results it reads are x_target or made by stage target itself: a
+        # node reading older results would stretch their lifetime over more stages instead.
+        if target > backward_stage[node] and all(stage >= target - 1 for stage in forward_read):
+            backward_stage[node] = target
 
 
 def _local_peak(graph, nodes: Sequence[Node], escaping: set[Node], reserved: frozenset) -> tuple[int, int]:

@@ -27,7 +27,7 @@ import math
 from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
-from .chain import ChainView, chain_view
+from .chain import ChainView, chain_view, chain_views
 from .chainmodel import Chain, Op
 from .errors import Infeasible
 from .graph import total_cost
@@ -182,18 +182,25 @@ def infeasible(method: str, budget: int, plans: Sequence[Plan]) -> Infeasible:
 
 
 def solve_by_plans(graph, budget: int, method: str,
-                   candidates: Callable[[ChainView], Iterable[Candidate]]) -> Schedule:
+                   candidates: Callable[[ChainView], Iterable[Candidate]],
+                   views: Callable[[object], Iterable[ChainView]] = lambda graph: [chain_view(graph)]) -> Schedule:
     """The common frame: store-all if it fits, else the cheapest candidate that fits, else Infeasible.
 
-    ``candidates`` lists the method's plans. It must not depend on ``budget``: then the
-    ``min_budget`` reported here (the least simulated peak over all of them and store-all) is a
+    ``candidates`` lists the method's plans on a chain view; ``views`` gives the views to plan on
+    (the default one, or :func:`solvers.chain.chain_views`). Neither may depend on ``budget``: then
+    the ``min_budget`` reported here (the least simulated peak over all of them and store-all) is a
     budget at which the same search succeeds.
     """
     baseline = store_all_plan(graph)
     if baseline.peak_bytes <= budget:
         return as_result(baseline, method, optimal=True)
-    view = chain_view(graph)
-    best, simulated = cheapest_fitting(view, list(candidates(view)), budget)
+    best: Plan | None = None
+    simulated: list[Plan] = []
+    for view in views(graph):
+        found, tried = cheapest_fitting(view, list(candidates(view)), budget)
+        simulated.extend(tried)
+        if found is not None and (best is None or (found.cost_seconds, found.peak_bytes) < (best.cost_seconds, best.peak_bytes)):
+            best = found
     if best is None:
         raise infeasible(method, budget, [baseline, *simulated])
     return as_result(best, method, optimal=False)
@@ -400,8 +407,8 @@ def solve_chen_greedy(graph, budget: int, time_limit: float | None = None, **opt
     """``chen-greedy``: Algorithm 3 of Chen et al. over a search of its threshold ``B``.
 
     The plans are :func:`greedy_candidate_starts` (every threshold of :func:`greedy_thresholds`,
-    walked from the input and from the loss, and the sqrt(L) split); they do not depend on the
-    budget. Returns store-all when it fits (``optimal``), else the cheapest plan whose simulated
+    walked from the input and from the loss, and the sqrt(L) split) on each of the graph's
+    :func:`~solvers.chain.chain_views`; they do not depend on the budget. Returns store-all when it fits (``optimal``), else the cheapest plan whose simulated
     peak fits (``heuristic``); raises :class:`Infeasible` with ``min_budget`` = the least simulated
     peak over the plans and store-all. ``time_limit`` is accepted and unused (the search is a fixed
     set of a few dozen plans).
@@ -411,4 +418,4 @@ def solve_chen_greedy(graph, budget: int, time_limit: float | None = None, **opt
         base, stage_seconds = total_cost(graph), stage_forward_seconds(view)
         return [segment_candidate(view, starts, base, stage_seconds) for starts in greedy_candidate_starts(view)]
 
-    return solve_by_plans(graph, budget, "chen-greedy", candidates)
+    return solve_by_plans(graph, budget, "chen-greedy", candidates, views=chain_views)

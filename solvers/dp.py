@@ -59,7 +59,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from .chain import ChainView, chain_view
+from .chain import ChainView, chain_views
 from .chainmodel import Chain, Op, simulate_chain
 from .errors import Infeasible
 from .schedule import Schedule
@@ -749,14 +749,14 @@ def _search(view: ChainView, plans: ChainPlans, budget: int, graph) -> tuple[_Lo
 
 
 def solve_dp(graph, budget: int, time_limit: float | None = None, levels: int | None = None, **options) -> Schedule:
-    """``dp`` on a cost graph: Beaumont et al.'s program on the chain view (solvers/chain.py).
+    """``dp`` on a cost graph: Beaumont et al.'s program on the chain views (solvers/chain.py).
 
-    Store-all when it fits (status ``optimal``). Otherwise the chain is solved once for every
-    budget (exactly, or on ``levels`` memory levels when given), and the cheapest plan whose
-    lowered schedule's simulated peak fits ``budget`` is returned (status ``heuristic``: optimal
-    only in the chain model, whose sizes bound the graph's from above). Raises
-    :class:`Infeasible` with ``min_budget`` = the simulated peak of the least-memory chain plan,
-    lowered. ``time_limit`` is accepted and unused.
+    Store-all when it fits (status ``optimal``). Otherwise each view's chain is solved once for
+    every budget (exactly, or on ``levels`` memory levels when given), and the cheapest plan over
+    the views whose lowered schedule's simulated peak fits ``budget`` is returned (status
+    ``heuristic``: optimal only in the chain model, whose sizes bound the graph's from above).
+    Raises :class:`Infeasible` with ``min_budget`` = the least simulated peak of the views'
+    least-memory chain plans, lowered. ``time_limit`` is accepted and unused.
     """
     if options:
         raise TypeError(f"dp: unknown option(s) {sorted(options)}; it accepts levels=")
@@ -767,28 +767,36 @@ def solve_dp(graph, budget: int, time_limit: float | None = None, levels: int | 
             status="optimal", gap=0.0, lower_bound=outcome.compute_cost,
             message="dp: store-all fits the budget, no recomputation needed",
         )
-    view = chain_view(graph)
-    chain = view.chain()
-    # Above the plan without recomputation nothing changes: solve up to it, once.
-    top = int(_bounds(_sizes(chain)).full[0, chain.length])
-    plans = plan_chain(chain, top, levels=levels)
-    best, least = _search(view, plans, budget, graph)
+    # One program per chain view (solvers/chain.py: chain_views); the best lowered plan wins.
+    best: tuple[_Lowered, ChainView, ChainPlans] | None = None
+    least: tuple[_Lowered, ChainView] | None = None
+    for view in chain_views(graph):
+        chain = view.chain()
+        # Above the plan without recomputation nothing changes: solve up to it, once.
+        top = int(_bounds(_sizes(chain)).full[0, chain.length])
+        plans = plan_chain(chain, top, levels=levels)
+        fitting, view_least = _search(view, plans, budget, graph)
+        if fitting is not None and (best is None or (fitting.cost, fitting.peak) < (best[0].cost, best[0].peak)):
+            best = (fitting, view, plans)
+        if least is None or view_least.peak < least[0].peak:
+            least = (view_least, view)
     if best is None:
         # Store-all is this method's plan too, should it need less than every chain plan.
-        reach = min(least.peak, outcome.peak_bytes)
+        reach = min(least[0].peak, outcome.peak_bytes)
         raise Infeasible(
-            f"dp: the least-memory plan on the chain view ({view.length} stages) peaks at {least.peak} "
+            f"dp: the least-memory plan on the chain views ({least[1].length} stages) peaks at {least[0].peak} "
             f"bytes and store-all at {outcome.peak_bytes}; the budget is {budget} bytes",
             min_budget=reach,
             method="dp",
         )
-    if best.cost >= outcome.compute_cost and best.peak > outcome.peak_bytes:
+    lowered, view, plans = best
+    if lowered.cost >= outcome.compute_cost and lowered.peak > outcome.peak_bytes:
         raise AssertionError("dp: a chain plan that recomputes nothing should be store-all")
     engine = f"{plans.engine}, unit {plans.unit}" if plans.unit != 1 else plans.engine
-    return best.schedule.with_info(
+    return lowered.schedule.with_info(
         status="heuristic",
         message=(
             f"dp: optimal in the heterogeneous chain model ({view.length} stages, {engine}) at chain budget "
-            f"{best.chain_budget} bytes + {view.reserved_bytes} reserved; the graph's schedule is not proven optimal"
+            f"{lowered.chain_budget} bytes + {view.reserved_bytes} reserved; the graph's schedule is not proven optimal"
         ),
     )

@@ -116,6 +116,44 @@ def parameter_gradient_graph(layers: int, seed: int = 0) -> nx.DiGraph:
     return _attributes(graph, rng)
 
 
+def projection_head_graph(layers: int, seed: int = 0, head_bytes: int = 120) -> nx.DiGraph:
+    """A language model's shape: a mask read by every layer, a chain of layers, an output projection
+    whose result (the logits, ``head_bytes``, larger than anything else) is a pinned model output,
+    and a loss that saves a result as large (log-probabilities). The projection's backward reads its *input* and the logits' gradient, not its
+    output, like a linear layer's; its weight gradient is an output."""
+    rng = random.Random(seed)
+    graph = nx.DiGraph(loss_node="loss")
+    graph.add_edge("embed", "mask")
+    previous = "embed"
+    for i in range(layers):
+        graph.add_edge(previous, f"f{i}")
+        graph.add_edge("mask", f"f{i}")
+        previous = f"f{i}"
+    graph.add_node("head", pinned=True)
+    graph.add_edge(previous, "head")
+    graph.add_edge("head", "log_probs")  # the loss's saved result (a log-softmax)
+    graph.add_node("loss", pinned=True)
+    graph.add_edge("log_probs", "loss")
+    graph.add_edge("loss", "g_head")  # the logits' gradient
+    graph.add_edge("log_probs", "g_head")
+    graph.add_node("w_head", output=True)
+    for reader in ("g_in", "w_head"):
+        graph.add_edge("g_head", reader)
+        graph.add_edge(previous, reader)
+    gradient = "g_in"
+    for i in reversed(range(layers)):
+        graph.add_edge(gradient, f"b{i}")
+        graph.add_edge(f"f{i}", f"b{i}")
+        gradient = f"b{i}"
+    graph.add_edge(gradient, "g_embed")
+    graph.nodes["g_embed"]["output"] = True
+    _attributes(graph, rng, max_mem=30)
+    graph.nodes["mask"]["mem"] = 2  # small: worth holding throughout, within 2% of the peak
+    for node in ("head", "log_probs", "g_head"):
+        graph.nodes[node]["mem"] = head_bytes
+    return graph
+
+
 def with_extras(graph: nx.DiGraph, seed: int = 0) -> nx.DiGraph:
     """A copy with the docs/costgraph.md extensions: ``workspace`` bytes on about a third of the
     nodes, and the loss node (or else the first output) ``pinned``."""
