@@ -8,11 +8,13 @@ import torch
 
 import profiler
 import runtime
+from profiler.api import parse_granularity
 from solvers import Infeasible, simulate, solve
 from solvers.store_all import store_all_schedule
 
 from .budget import format_bytes, parse_budget
 from .fallback import FallbackWarning, ModuleChainPlan, plan_module_chain
+from .granularity import solve_over_groupings
 from .planfile import Plan, load
 
 __all__ = ["BudgetInfeasible", "FallbackWarning", "SolverError", "Plan", "apply", "checkpoint", "load", "plan", "plan_untraceable"]
@@ -45,6 +47,10 @@ def plan(
     ``solvers.METHODS``. ``loss_fn(output) -> scalar`` is the loss to plan for (default: the sum of the
     output's floating-point tensors). ``time_limit`` (seconds) bounds the searching solvers.
     ``profile`` reuses an earlier :func:`profiler.profile` of the same model and inputs.
+    ``granularity`` is the profiler's (``"module"``: its choice, ``"module:N"``, ``"op"``); with
+    the default, the chain methods (``auto``'s fast planners, or the chain method asked for) also
+    plan every finer grouping of the same measurements and the cheapest schedule wins
+    (planner/granularity.py); the plan records the grouping it schedules.
 
     Raises :class:`BudgetInfeasible` (with ``min_budget``) when the budget cannot be met.
 
@@ -67,7 +73,11 @@ def plan(
     try:
         if schedule_budget < 0:
             raise Infeasible("the budget is smaller than the parameters, buffers and inputs alone", min_budget=None)
-        schedule = solve(graph, schedule_budget, method=solver, time_limit=time_limit)
+        if parse_granularity(granularity) == "auto":  # the profiler's choice: try finer ones too
+            solved = solve_over_groupings(profile, schedule_budget, solver, time_limit)
+            profile, graph, schedule = solved.profile, solved.profile.graph, solved.schedule
+        else:
+            schedule = solve(graph, schedule_budget, method=solver, time_limit=time_limit)
     except ValueError as error:  # solvers raise ValueError for what they were asked, not for a bug
         raise SolverError(f"solver {solver!r}: {error}") from error
     except Infeasible as error:

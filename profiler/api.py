@@ -62,6 +62,22 @@ class Profile:
         _annotate(graph, self.device, label)
         return Profile(graph, self.joint, grouping, self.times, label, self.device, self.seconds)
 
+    def finer(self) -> list["Profile"]:
+        """The same measurements at every finer granularity (deeper module paths, then single ops),
+        one profile per distinct graph, coarsest first; none for a profile without its trace."""
+        if self.times is None or self.granularity == "op":
+            return []
+        depth = int(self.granularity.split(":")[1])
+        labels = [f"module:{d}" for d in range(depth + 1, _module_depth(self.joint) + 1)] + ["op"]
+        seen = {self.fingerprint}
+        profiles = []
+        for label in labels:
+            candidate = self.regroup(label)
+            if candidate.fingerprint not in seen:
+                seen.add(candidate.fingerprint)
+                profiles.append(candidate)
+        return profiles
+
 
 def parse_granularity(granularity) -> int | None | str:
     """'op' -> None (one node per op); 'module'/'auto' -> 'auto'; an int or 'module:N' -> depth N."""
@@ -84,12 +100,8 @@ def choose_grouping(joint: JointGraph, granularity) -> tuple[Grouping, str]:
     depth = parse_granularity(granularity)
     if depth != "auto":
         return group_graph(joint, depth), "op" if depth is None else f"module:{depth}"
-    max_depth = max(
-        (len((n.meta.get("custom") or {}).get("module", "").split(".")) for n in joint.graph_module.graph.nodes),
-        default=1,
-    )
     best = None
-    for depth in range(max_depth, 0, -1):
+    for depth in range(_module_depth(joint), 0, -1):
         grouping = group_graph(joint, depth)
         size = len(grouping.groups) + len(grouping.extractions) + 1
         if best is None or size < best[0]:
@@ -97,6 +109,14 @@ def choose_grouping(joint: JointGraph, granularity) -> tuple[Grouping, str]:
         if size <= AUTO_MAX_NODES:
             return grouping, f"module:{depth}"
     return best[1], f"module:{best[2]}"
+
+
+def _module_depth(joint: JointGraph) -> int:
+    """The deepest module path among the traced ops (1 for a model without submodules)."""
+    return max(
+        (len((n.meta.get("custom") or {}).get("module", "").split(".")) for n in joint.graph_module.graph.nodes),
+        default=1,
+    )
 
 
 def _annotate(graph: nx.DiGraph, device: str, granularity: str) -> None:

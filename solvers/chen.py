@@ -13,7 +13,7 @@ start:
   threshold ``B``. ``B`` is not the memory budget; the method tries many thresholds and keeps the
   cheapest plan whose *simulated* peak fits the real budget.
 
-Both work on :func:`solvers.chain.chain_view`, lower the chain sequence to a schedule of the full
+Both work on each of :func:`solvers.chain.chain_views`, lower the chain sequence to a schedule of the full
 graph with :meth:`ChainView.lower`, and decide by :func:`solvers.simulate` alone: the chain model
 is conservative, so its sizes only guide the search. This module also holds what the chain
 heuristics share (:class:`Candidate`, :class:`Plan`, :func:`solve_by_plans`: store-all first, then
@@ -27,7 +27,7 @@ import math
 from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
-from .chain import ChainView, chain_view, chain_views
+from .chain import ChainView, chain_views
 from .chainmodel import Chain, Op
 from .errors import Infeasible
 from .graph import total_cost
@@ -182,21 +182,20 @@ def infeasible(method: str, budget: int, plans: Sequence[Plan]) -> Infeasible:
 
 
 def solve_by_plans(graph, budget: int, method: str,
-                   candidates: Callable[[ChainView], Iterable[Candidate]],
-                   views: Callable[[object], Iterable[ChainView]] = lambda graph: [chain_view(graph)]) -> Schedule:
+                   candidates: Callable[[ChainView], Iterable[Candidate]]) -> Schedule:
     """The common frame: store-all if it fits, else the cheapest candidate that fits, else Infeasible.
 
-    ``candidates`` lists the method's plans on a chain view; ``views`` gives the views to plan on
-    (the default one, or :func:`solvers.chain.chain_views`). Neither may depend on ``budget``: then
-    the ``min_budget`` reported here (the least simulated peak over all of them and store-all) is a
-    budget at which the same search succeeds.
+    ``candidates`` lists the method's plans on a chain view; they are tried on every one of
+    :func:`solvers.chain.chain_views`. They must not depend on ``budget``: then the ``min_budget``
+    reported here (the least simulated peak over all of them and store-all) is a budget at which
+    the same search succeeds.
     """
     baseline = store_all_plan(graph)
     if baseline.peak_bytes <= budget:
         return as_result(baseline, method, optimal=True)
     best: Plan | None = None
     simulated: list[Plan] = []
-    for view in views(graph):
+    for view in chain_views(graph):
         found, tried = cheapest_fitting(view, list(candidates(view)), budget)
         simulated.extend(tried)
         if found is not None and (best is None or (found.cost_seconds, found.peak_bytes) < (best.cost_seconds, best.peak_bytes)):
@@ -418,4 +417,4 @@ def solve_chen_greedy(graph, budget: int, time_limit: float | None = None, **opt
         base, stage_seconds = total_cost(graph), stage_forward_seconds(view)
         return [segment_candidate(view, starts, base, stage_seconds) for starts in greedy_candidate_starts(view)]
 
-    return solve_by_plans(graph, budget, "chen-greedy", candidates, views=chain_views)
+    return solve_by_plans(graph, budget, "chen-greedy", candidates)

@@ -30,10 +30,12 @@ def test_views_differ_in_what_they_hold_throughout():
     graph = projection_head_graph(6)
     views = chain_views(graph)
     reserved = [view.reserved for view in views]
-    assert len(set(reserved)) == len(reserved) == 2
+    assert len(set(reserved)) == 2 and len(views) == 4  # two shares x two backward placements
     assert "mask" in reserved[0] and "mask" not in reserved[-1]  # 2% first, nothing persistent last
+    placements = {view.stage_of["g_in"] for view in views if view.reserved == reserved[0]}
+    assert placements == {views[0].stage_of["head"], views[0].stage_of["head"] - 1}
     assert views[0].length > views[-1].length  # the mask held throughout is what splits the layers
-    assert chain_view(graph).reserved == views[0].reserved
+    assert chain_view(graph).stage_of == views[0].stage_of
     assert chain_view(graph, PERSISTENT_SHARES[-1]).reserved == views[-1].reserved
 
 
