@@ -9,7 +9,7 @@ import torch
 import profiler
 import runtime
 from profiler.api import parse_granularity
-from solvers import Infeasible, simulate, solve
+from solvers import Infeasible, Schedule, simulate, solve
 from solvers.store_all import store_all_schedule
 
 from .budget import format_bytes, parse_budget
@@ -70,18 +70,24 @@ def plan(
     unplanned_peak = fixed + store_all.peak_bytes
     budget_bytes = parsed.resolve(unplanned_peak)
     schedule_budget = budget_bytes - fixed
+    search = parse_granularity(granularity) == "auto"  # the profiler's choice: finer groupings are tried too
+    given = profile
+
+    def solve_at(activation_budget: int) -> tuple[profiler.Profile, Schedule]:
+        if search:
+            solved = solve_over_groupings(given, activation_budget, solver, time_limit)
+            return solved.profile, solved.schedule
+        return given, solve(given.graph, activation_budget, method=solver, time_limit=time_limit)
+
     try:
         if schedule_budget < 0:
             raise Infeasible("the budget is smaller than the parameters, buffers and inputs alone", min_budget=None)
-        if parse_granularity(granularity) == "auto":  # the profiler's choice: try finer ones too
-            solved = solve_over_groupings(profile, schedule_budget, solver, time_limit)
-            profile, graph, schedule = solved.profile, solved.profile.graph, solved.schedule
-        else:
-            schedule = solve(graph, schedule_budget, method=solver, time_limit=time_limit)
+        profile, schedule = solve_at(schedule_budget)
+        graph = profile.graph
     except ValueError as error:  # solvers raise ValueError for what they were asked, not for a bug
         raise SolverError(f"solver {solver!r}: {error}") from error
     except Infeasible as error:
-        minimum = _minimum_budget(graph, solver, error, time_limit)
+        minimum = _minimum_budget(solve_at, graph, error)
         raise BudgetInfeasible(
             f"budget {parsed} ({format_bytes(budget_bytes)}) is below the minimum the {error.method or solver} solver "
             f"can reach for this model: {format_bytes(fixed + minimum)} ({fixed + minimum} bytes: parameters, buffers "
@@ -115,12 +121,13 @@ def plan(
     )
 
 
-def _minimum_budget(graph, solver: str, error: Infeasible, time_limit) -> int:
-    """The schedule-peak minimum for the message: the solver's own, else the least any method reaches."""
+def _minimum_budget(solve_at: Callable[[int], object], graph, error: Infeasible) -> int:
+    """The schedule-peak minimum for the message: the solver's own, else what it reports when asked
+    for nothing, else the un-checkpointed peak of ``graph``."""
     if error.min_budget is not None:
         return int(error.min_budget)
     try:
-        solve(graph, 0, method=solver, time_limit=time_limit)
+        solve_at(0)
     except Infeasible as again:
         if again.min_budget is not None:
             return int(again.min_budget)

@@ -26,6 +26,26 @@ class TwoBranches(nn.Module):
         return self.left(x) * self.right(x)
 
 
+class ResidualBlock(nn.Module):
+    """x + dropout(down(gelu(up(norm(x))))): at module depth 1 a block is one node whose result is
+    everything it saves for its backward; at depth 2 its output alone can be a checkpoint."""
+
+    def __init__(self, width: int, hidden: int):
+        super().__init__()
+        self.norm = nn.LayerNorm(width)
+        self.up = nn.Linear(width, hidden)
+        self.down = nn.Linear(hidden, width)
+        self.dropout = nn.Dropout(0.1)
+
+    def forward(self, x):
+        return x + self.dropout(self.down(torch.nn.functional.gelu(self.up(self.norm(x)))))
+
+
+def residual_mlp(width: int = 32, hidden: int = 128, depth: int = 8) -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(*[ResidualBlock(width, hidden) for _ in range(depth)], nn.Linear(width, 4))
+
+
 def cnn() -> nn.Module:
     torch.manual_seed(0)
     return nn.Sequential(
