@@ -9,11 +9,12 @@ import torch
 import profiler
 import runtime
 from profiler.api import parse_granularity
-from solvers import Infeasible, Schedule, simulate, solve
+from solvers import Infeasible, simulate
 from solvers.store_all import store_all_schedule
 
 from .budget import format_bytes, parse_budget
 from .fallback import FallbackWarning, ModuleChainPlan, plan_module_chain
+from .footprint import held_besides_schedule
 from .granularity import solve_over_groupings
 from .planfile import Plan, load
 
@@ -65,36 +66,29 @@ def plan(
         except profiler.TraceError as error:
             return plan_untraceable(model, example_inputs, parsed, loss_fn=loss_fn, reason=error.reason)
     graph = profile.graph
-    fixed = int(graph.graph["fixed_bytes"])
+    fixed = held_besides_schedule(graph)
     store_all = simulate(graph, store_all_schedule(graph))
     unplanned_peak = fixed + store_all.peak_bytes
     budget_bytes = parsed.resolve(unplanned_peak)
-    schedule_budget = budget_bytes - fixed
     search = parse_granularity(granularity) == "auto"  # the profiler's choice: finer groupings are tried too
-    given = profile
-
-    def solve_at(activation_budget: int) -> tuple[profiler.Profile, Schedule]:
-        if search:
-            solved = solve_over_groupings(given, activation_budget, solver, time_limit)
-            return solved.profile, solved.schedule
-        return given, solve(given.graph, activation_budget, method=solver, time_limit=time_limit)
-
     try:
-        if schedule_budget < 0:
-            raise Infeasible("the budget is smaller than the parameters, buffers and inputs alone", min_budget=None)
-        profile, schedule = solve_at(schedule_budget)
-        graph = profile.graph
+        solved = solve_over_groupings(profile, budget_bytes, solver, time_limit, finer=search)
     except ValueError as error:  # solvers raise ValueError for what they were asked, not for a bug
         raise SolverError(f"solver {solver!r}: {error}") from error
     except Infeasible as error:
-        minimum = _minimum_budget(solve_at, graph, error)
+        minimum = error.min_budget
+        if minimum is None:
+            minimum = _minimum_budget(profile, solver, time_limit, search, unplanned_peak)
         raise BudgetInfeasible(
             f"budget {parsed} ({format_bytes(budget_bytes)}) is below the minimum the {error.method or solver} solver "
-            f"can reach for this model: {format_bytes(fixed + minimum)} ({fixed + minimum} bytes: parameters, buffers "
-            f"and inputs {format_bytes(fixed)} plus activations {format_bytes(minimum)})",
-            min_budget=fixed + minimum,
+            f"can reach for this model: {format_bytes(minimum)} ({minimum} bytes: parameters, buffers, inputs and "
+            f"saved RNG states {format_bytes(fixed)} plus activations {format_bytes(minimum - fixed)})",
+            min_budget=minimum,
             method=error.method or solver,
         ) from None
+    profile, schedule = solved.profile, solved.schedule
+    graph = profile.graph
+    fixed = held_besides_schedule(graph)
     outcome = simulate(graph, schedule)
     joint = profile.joint
     return Plan(
@@ -121,17 +115,15 @@ def plan(
     )
 
 
-def _minimum_budget(solve_at: Callable[[int], object], graph, error: Infeasible) -> int:
-    """The schedule-peak minimum for the message: the solver's own, else what it reports when asked
-    for nothing, else the un-checkpointed peak of ``graph``."""
-    if error.min_budget is not None:
-        return int(error.min_budget)
+def _minimum_budget(profile, solver: str, time_limit, search: bool, unplanned_peak: int) -> int:
+    """The whole-step minimum for the message when the error had none: what the search reports when
+    asked for nothing, else the un-checkpointed peak."""
     try:
-        solve_at(0)
+        solve_over_groupings(profile, 0, solver, time_limit, finer=search)
     except Infeasible as again:
         if again.min_budget is not None:
             return int(again.min_budget)
-    return simulate(graph, store_all_schedule(graph)).peak_bytes
+    return unplanned_peak
 
 
 def plan_untraceable(model: torch.nn.Module, example_inputs, budget="100%", loss_fn: Callable | None = None,

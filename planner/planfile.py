@@ -34,8 +34,9 @@ class PlanFileError(ValueError):
 
 @dataclass
 class Plan:
-    """A solved plan. Byte figures are of the whole training step (``fixed_bytes`` included)
-    unless their name says otherwise; times are seconds."""
+    """A solved plan. Byte figures are of the whole training step (``fixed_bytes`` included:
+    parameters, buffers, inputs and the runtime's saved RNG states, planner/footprint.py) unless
+    their name says otherwise; times are seconds."""
 
     schedule: Schedule
     graph: nx.DiGraph
@@ -102,7 +103,7 @@ class Plan:
             f"Solver:            {info.method} ({status}) in {info.solve_seconds:.2f} s"
             + (f"; {info.message}" if info.message else ""),
             f"Budget:            {format_bytes(self.budget_bytes)} ({self.budget_text}) for the whole step; "
-            f"parameters, buffers and inputs take {format_bytes(self.fixed_bytes)}",
+            f"parameters, buffers, inputs and saved RNG states take {format_bytes(self.fixed_bytes)}",
             f"Predicted peak:    {format_bytes(self.predicted_peak_bytes)}, without checkpointing "
             f"{format_bytes(self.unplanned_peak_bytes)} ({saving:.1%} less)"
             if saving >= 0 else

@@ -171,7 +171,9 @@ def _unplanned_peak(graph: nx.DiGraph) -> int:
     from solvers import simulate
     from solvers.store_all import store_all_schedule
 
-    return int(graph.graph["fixed_bytes"]) + simulate(graph, store_all_schedule(graph)).peak_bytes
+    from .footprint import held_besides_schedule
+
+    return held_besides_schedule(graph) + simulate(graph, store_all_schedule(graph)).peak_bytes
 
 
 def failed_profile(error: BaseException | str) -> Outcome:

@@ -26,6 +26,13 @@ def get_rng_state(devices: list[int] = ()) -> RngState:
     return RngState(torch.get_rng_state(), cuda)
 
 
+def rng_state_bytes(devices: list[int] = ()) -> int:
+    """Bytes of one :class:`RngState` for ``devices``: the CPU generator's (5056 on CPU: a Mersenne
+    Twister) plus each CUDA device's."""
+    state = get_rng_state(devices)
+    return state.cpu.nbytes + sum(value.nbytes for _, value in state.cuda)
+
+
 def set_rng_state(state: RngState) -> None:
     torch.set_rng_state(state.cpu)
     for device, value in state.cuda:

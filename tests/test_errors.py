@@ -219,7 +219,6 @@ def test_a_solver_that_finds_nothing_in_its_time_limit(capsys, tmp_path, monkeyp
     def times_out(graph, budget, method="auto", time_limit=None, **options):
         raise TimeoutError(f"ilp: no schedule within {budget} bytes found in the time limit ({time_limit} s)")
 
-    monkeypatch.setattr(planner.api, "solve", times_out)
     monkeypatch.setattr(planner.granularity, "solve", times_out)
     status, _, err, out = run_cli(capsys, tmp_path, GOOD_MODEL, "--budget", "100%", "--solver", "ilp",
                                   "--time-limit", "0.01")
@@ -232,7 +231,6 @@ def test_a_solver_that_refuses_the_problem(capsys, tmp_path, monkeypatch):
     def too_large(graph, budget, method="auto", time_limit=None, **options):
         raise ValueError("ilp: the graph has 900 nodes (limit: max_nodes=400). Use the cpsat, dp or chen-greedy methods")
 
-    monkeypatch.setattr(planner.api, "solve", too_large)
     monkeypatch.setattr(planner.granularity, "solve", too_large)
     status, _, err, out = run_cli(capsys, tmp_path, GOOD_MODEL, "--budget", "100%", "--solver", "ilp")
     assert_clean_error(status, err, out, 2, "solver 'ilp'", "900 nodes", "chen-greedy")
