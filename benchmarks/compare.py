@@ -57,6 +57,7 @@ class Row:
     status: str = ""
     gap: float | None = None
     note: str = ""
+    grouping: str = ""  # the cost graph a plan schedules (the planner may pick a finer one)
 
 
 def _step(module, inputs, loss_fn):
@@ -105,7 +106,8 @@ def _failed_row(method: str, kind: str, budget: int | None, label: str, error: E
 def _plan_row(method: str, kind: str, plan, label: str, planning: float) -> Row:
     info = plan.schedule.info
     return Row(method, kind, plan.budget_bytes, label, plan.predicted_peak_bytes, None, plan.predicted_seconds,
-               planning_seconds=planning, status=info.status, gap=info.gap, note=info.message[:120])
+               planning_seconds=planning, status=info.status, gap=info.gap, note=info.message[:120],
+               grouping=plan.granularity)
 
 
 def run_model(name: str, rounds: int, fractions: list[float], solvers: list[str], time_limit: float,
@@ -201,12 +203,12 @@ def markdown(result: dict) -> str:
     lines = [
         f"### {result['model']}",
         "",
-        f"{result['parameters'] / 1e6:.1f}M parameters; cost graph of {result['nodes']} nodes ({result['granularity']}), "
+        f"{result['parameters'] / 1e6:.1f}M parameters; profiled cost graph of {result['nodes']} nodes ({result['granularity']}; plans may schedule a finer grouping, column graph), "
         f"profiled in {result['profile_seconds']:.0f} s; step times are medians of {result['rounds']} interleaved "
         f"rounds on {result['threads']} threads, torch {result['torch']}.",
         "",
-        "| method | budget | predicted peak (MiB) | measured peak (MiB) | peak vs none | predicted step (s) | measured step (s) | step vs none | planning (s) | status |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| method | budget | predicted peak (MiB) | measured peak (MiB) | peak vs none | predicted step (s) | measured step (s) | step vs none | planning (s) | graph | status |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         peak_ratio = _fmt(r["measured_peak"] / none["measured_peak"] if r["measured_peak"] else None, 1, 2, "x")
@@ -222,7 +224,7 @@ def markdown(result: dict) -> str:
         lines.append(
             f"| {r['method']} | {budget} | {_fmt(r['predicted_peak'], MiB)} | {_fmt(r['measured_peak'], MiB)} | {peak_ratio} "
             f"| {_fmt(r['predicted_seconds'], 1, 3)} | {_fmt(r['measured_seconds'], 1, 3)} | {time_ratio} "
-            f"| {_fmt(r['planning_seconds'], 1, 1)} | {status} |"
+            f"| {_fmt(r['planning_seconds'], 1, 1)} | {r.get('grouping', '')} | {status} |"
         )
     return "\n".join(lines) + "\n"
 
