@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import profiler
-from solvers import Infeasible, Schedule, simulate, solve
+from solvers import Infeasible, Schedule, simulate, solve, total_cost
 from solvers.auto import FAST_METHODS
 
 from .footprint import held_besides_schedule
@@ -75,6 +75,8 @@ def solve_over_groupings(profile: profiler.Profile, step_budget: int, solver: st
     minimums: list[int] = []
     try:
         found.append(solve_on(profile, step_budget, solver, time_limit))
+        if found[0].schedule.info.compute_cost <= total_cost(profile.graph) * (1 + 1e-9):
+            return found[0]  # nothing recomputed: no grouping can be cheaper
     except Infeasible as error:
         failure = error
         if error.min_budget is not None:

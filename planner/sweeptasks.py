@@ -34,6 +34,9 @@ class Profiled:
     device: str
     seconds: float
     cached: bool  # the op times came from the profile cache: nothing was timed
+    # (granularity, graph) of every finer grouping, for planner/granularity.py's search; empty when
+    # the sweep fixed the granularity.
+    finer: tuple[tuple[str, nx.DiGraph], ...] = ()
 
     def as_profile(self):
         """A profiler.Profile holding what planner.plan reads (graph, loss and input facts); it has
@@ -46,7 +49,9 @@ class Profiled:
             loss=SimpleNamespace(tangent_outputs=self.tangent_outputs, tangent_specs=self.tangent_specs),
             layout=SimpleNamespace(signature=list(self.inputs)),
         )
-        return profiler.Profile(self.graph, joint, None, None, self.granularity, self.device, self.seconds)
+        finer = tuple(profiler.Profile(graph, joint, None, None, granularity, self.device, self.seconds, ())
+                      for granularity, graph in self.finer)
+        return profiler.Profile(self.graph, joint, None, None, self.granularity, self.device, self.seconds, finer)
 
 
 @dataclass(frozen=True)
@@ -124,6 +129,7 @@ def load_model(spec: ModelSpec, device: str | None):
 def profile_model(spec: ModelSpec, device: str | None, cache_dir: str | None) -> Profiled:
     """Load and profile one model (the op times from ``cache_dir`` when it was measured before)."""
     import profiler
+    from profiler.api import parse_granularity
 
     from .profilecache import ProfileCache
 
@@ -131,12 +137,14 @@ def profile_model(spec: ModelSpec, device: str | None, cache_dir: str | None) ->
     cache = ProfileCache(cache_dir) if cache_dir else None
     profile = profiler.profile(model_file.model, model_file.example_inputs, loss_fn=model_file.loss_fn,
                                granularity=spec.granularity, times_cache=cache)
+    searched = parse_granularity(spec.granularity) == "auto"  # as planner.plan: the profiler's choice
+    finer = tuple((p.granularity, p.graph) for p in profile.finer()) if searched else ()
     return Profiled(
         model_class=type(model_file.model).__name__, graph=profile.graph,
         tangent_outputs=tuple(profile.joint.loss.tangent_outputs),
         tangent_specs=tuple(profile.joint.loss.tangent_specs), inputs=tuple(profile.joint.layout.signature),
         granularity=profile.granularity, device=profile.device, seconds=profile.seconds,
-        cached=bool(cache is not None and cache.hits),
+        cached=bool(cache is not None and cache.hits), finer=finer,
     )
 
 
@@ -147,7 +155,7 @@ def solve_run(run: Run, profiled: Profiled) -> Outcome:
     started = time.perf_counter()
     try:
         made = plan(None, None, run.budget, solver=run.solver, time_limit=run.model.time_limit,
-                    profile=profiled.as_profile())
+                    granularity=run.model.granularity, profile=profiled.as_profile())
     except BudgetInfeasible as error:
         unplanned = _unplanned_peak(profiled.graph)
         return Outcome(INFEASIBLE, method=error.method or run.solver, error=str(error).strip().splitlines()[0],

@@ -50,6 +50,9 @@ class Profile:
     granularity: str
     device: str
     seconds: float
+    # Set on a profile rebuilt from plain data without its trace (planner/sweeptasks.py): what
+    # finer() would have computed, carried over.
+    finer_profiles: tuple["Profile", ...] | None = None
 
     @property
     def fingerprint(self) -> str:
@@ -65,6 +68,8 @@ class Profile:
     def finer(self) -> list["Profile"]:
         """The same measurements at every finer granularity (deeper module paths, then single ops),
         one profile per distinct graph, coarsest first; none for a profile without its trace."""
+        if self.finer_profiles is not None:
+            return list(self.finer_profiles)
         if self.times is None or self.granularity == "op":
             return []
         depth = int(self.granularity.split(":")[1])

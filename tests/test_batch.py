@@ -286,3 +286,55 @@ def test_a_sweep_file_lists_models_x_budgets_x_solvers_with_their_settings(tmp_p
     assert first.model.model_kwargs == {"width": 16} and first.model.time_limit == 5.0
     assert last.model.granularity == "op" and last.model.time_limit == 2.0 and last.budget.bytes == 2**30
     assert first.digest() != sweep.runs[1].digest()  # a record is only reused for the same settings
+
+
+RESIDUAL_MODEL = """
+import torch
+from torch import nn
+
+
+class Block(nn.Module):
+    def __init__(self, width, hidden):
+        super().__init__()
+        self.norm, self.up, self.down = nn.LayerNorm(width), nn.Linear(width, hidden), nn.Linear(hidden, width)
+
+    def forward(self, x):
+        return x + self.down(torch.relu(self.up(self.norm(x))))
+
+
+def build_model(depth=8):
+    torch.manual_seed(0)
+    return nn.Sequential(*[Block(32, 128) for _ in range(depth)])
+
+
+def example_inputs(batch=256):
+    return (torch.randn(batch, 32, generator=torch.Generator().manual_seed(0)),)
+"""
+
+
+def test_a_sweep_searches_finer_groupings_as_plan_does(tmp_path):
+    """With the profiler's granularity a sweep's run plans like planner.plan: the chain methods also
+    try every finer grouping (planner/granularity.py); with a fixed granularity neither searches."""
+    from planner.sweepconfig import ModelSpec, Run
+    from planner.sweeptasks import profile_model, solve_run
+
+    path = write(tmp_path / "model.py", RESIDUAL_MODEL)
+    budget = planner.parse_budget("75%")
+
+    fixed = ModelSpec("residual", str(path), granularity="module:1")
+    profiled = profile_model(fixed, None, None)
+    assert profiled.finer == ()
+    outcome = solve_run(Run("a", fixed, budget, "chen-greedy", None), profiled)
+    assert outcome.status == "heuristic", outcome.error
+    assert outcome.plan["granularity"] == "module:1"
+
+    searched = ModelSpec("residual", str(path), granularity="module")
+    profiled = profile_model(searched, None, None)
+    labels = [label for label, _ in profiled.finer]
+    assert labels and "op" == labels[-1] and profiled.granularity not in labels
+    outcome = solve_run(Run("b", searched, budget, "chen-greedy", None), profiled)
+    assert outcome.status == "heuristic", outcome.error
+    assert outcome.plan["granularity"] in [profiled.granularity, *labels]
+    given_only = planner.plan(None, None, budget, solver="chen-greedy", granularity=profiled.granularity,
+                              profile=profiled.as_profile())
+    assert outcome.predicted_seconds <= given_only.predicted_seconds
