@@ -238,7 +238,8 @@ def _seconds(value) -> float:
     return float(value)
 
 
-_NODE_FIELDS = ("cost", "mem", "workspace", "output", "pinned", "kind", "module", "ops", "random", "value_class")
+_NODE_FIELDS = ("cost", "mem", "workspace", "structural_workspace", "output", "pinned", "kind", "module", "ops", "random",
+                "value_class")
 
 
 def graph_to_dict(graph: nx.DiGraph) -> dict:

@@ -16,7 +16,7 @@ from profiler.measure import OpTimes
 
 from .files import write_atomic
 
-FORMAT = "plan-checkpoints-times/1"
+FORMAT = "plan-checkpoints-times/2"  # /2: with each op's measured scratch bytes
 _SAFE_KEY = re.compile(r"^[A-Za-z0-9._-]+$")
 
 
@@ -41,7 +41,7 @@ class ProfileCache:
                 return None
             times = CachedTimes(
                 OpTimes({str(k): float(v) for k, v in data["ops"].items()}, int(data["runs"]),
-                        float(data["step_seconds"])),
+                        float(data["step_seconds"]), {str(k): int(v) for k, v in data["scratch"].items()}),
                 float(data["loss_seconds"]),
             )
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
@@ -55,6 +55,7 @@ class ProfileCache:
             "ops": times.ops.seconds,
             "runs": times.ops.runs,
             "step_seconds": times.ops.step_seconds,
+            "scratch": times.ops.scratch_bytes,
             "loss_seconds": times.loss_seconds,
         }
         write_atomic(self.path(key), json.dumps(data, sort_keys=True))

@@ -45,8 +45,13 @@ def _bytes_of(values, storages: dict[str, dict]) -> int:
     return sum(merged.values())
 
 
-def _workspace(nodes: list[str], exports: list[str], graph_nodes: dict, storages, base_of) -> int:
-    """Peak bytes of a group's own allocations while it runs, beyond what it keeps (its exports)."""
+def _workspace(nodes: list[str], exports: list[str], graph_nodes: dict, storages, base_of,
+               scratch: dict[str, int] | None = None) -> int:
+    """Peak bytes of a group's own allocations while it runs, beyond what it keeps (its exports).
+
+    ``scratch`` (fx node name -> bytes, measured: profiler/measure.py) adds what an op's kernels
+    allocate and release inside it, on top of everything live when it runs."""
+    scratch = scratch or {}
     members = set(nodes)
     last_read: dict[str, int] = {}
     for position, name in enumerate(nodes):
@@ -54,16 +59,25 @@ def _workspace(nodes: list[str], exports: list[str], graph_nodes: dict, storages
             if arg.name in members:
                 last_read[base_of.get(arg.name, arg.name)] = position
     kept = {base_of.get(v, v) for v in exports}
+    kept_storages = {s for v in kept for s in storages.get(v, {})}
+    # A storage is released when the last value holding it is: a tuple result (native_layer_norm's)
+    # shares its storages with the getitems that unpack it, and releasing the tuple after its last
+    # getitem must not release what they still hold (that undercounted a residual block by 1 MiB).
+    holders: dict = {}
     live: dict = {}
     peak = 0
     for position, name in enumerate(nodes):
         if base_of.get(name) == name:  # allocates (unit values)
-            live.update({s: b for s, b in storages.get(name, {}).items()})
-            peak = max(peak, sum(live.values()))
+            for s, b in storages.get(name, {}).items():
+                live[s] = b
+                holders.setdefault(s, set()).add(name)
+            peak = max(peak, sum(live.values()) + scratch.get(name, 0))
         for value, last in list(last_read.items()):
             if last == position and value not in kept:
                 for s in storages.get(value, {}):
-                    live.pop(s, None)
+                    holders.get(s, set()).discard(value)
+                    if not holders.get(s) and s not in kept_storages:
+                        live.pop(s, None)
                 del last_read[value]
     return max(0, peak - _bytes_of(kept, storages))
 
@@ -94,11 +108,14 @@ def build_cost_graph(joint: JointGraph, grouping: Grouping, times: OpTimes) -> n
             add_loss()
             loss_added = True
         mem = _bytes_of(group.exports, storages)
+        structural = _workspace(group.nodes, group.exports, graph_nodes, storages, base_of)
         cost.add_node(
             group.id,
             cost=float(sum(times.seconds.get(n, 0.0) for n in group.nodes)),
             mem=int(mem),
-            workspace=int(_workspace(group.nodes, group.exports, graph_nodes, storages, base_of)),
+            workspace=int(_workspace(group.nodes, group.exports, graph_nodes, storages, base_of,
+                                     getattr(times, "scratch_bytes", None))),
+            structural_workspace=int(structural),
             output=group.value_class == GRADIENT,
             pinned=group.value_class == MODEL_OUTPUT,
             kind=group.phase,
@@ -149,13 +166,15 @@ def spec_bytes(spec, joint: JointGraph) -> int:
 
 
 def fingerprint(graph: nx.DiGraph) -> str:
-    """A hash of the graph's structure and sizes, not of its measured times: two profiles of the
-    same model, inputs and granularity have the same fingerprint."""
+    """A hash of the graph's structure and sizes, not of its measured times or scratch memory: two
+    profiles of the same model, inputs and granularity have the same fingerprint, and so does the
+    graph the runtime rebuilds from a trace alone (the workspace without measured scratch)."""
     entries = []
     for node, data in graph.nodes(data=True):
+        workspace = data.get("structural_workspace", data.get("workspace", 0))
         entries.append([
             str(node), sorted(str(p) for p in graph.predecessors(node)), int(data["mem"]),
-            int(data.get("workspace", 0)), bool(data.get("output", False)), bool(data.get("pinned", False)),
+            int(workspace), bool(data.get("output", False)), bool(data.get("pinned", False)),
         ])
     entries.sort()
     text = json.dumps({"nodes": entries, "fixed_bytes": graph.graph.get("fixed_bytes", 0)}, sort_keys=True)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.fx as fx
@@ -27,6 +27,9 @@ class OpTimes:
     seconds: dict[str, float]  # fx node name -> median seconds of one execution
     runs: int
     step_seconds: float  # median wall time of a whole run of the graph
+    # fx node name -> bytes the op's kernels allocate beyond its outputs while it runs (measured in
+    # the warm-up run; ops without any are left out). CPU dropout's float noise tensor is one.
+    scratch_bytes: dict[str, int] = field(default_factory=dict)
 
 
 def _is_buffer_mutation(node: fx.Node) -> bool:
@@ -45,17 +48,60 @@ def _last_uses(graph: fx.Graph) -> dict[str, list[str]]:
     return freed
 
 
+def _scratch_from_events(profile) -> dict[str, int]:
+    """Per ``record_function`` label, the peak of the CPU allocations inside it above what is still
+    allocated when it ends (bytes): what its kernels used and released."""
+    from torch._C._profiler import _EventType
+
+    scratch: dict[str, int] = {}
+    for root in profile.profiler.kineto_results.experimental_event_tree():
+        pending = [root]
+        while pending:
+            event = pending.pop()
+            if event.typed[0] == _EventType.TorchOp and event.name.startswith(SCRATCH_LABEL):
+                sizes = []
+                inner = list(event.children)
+                while inner:
+                    child = inner.pop()
+                    if child.typed[0] == _EventType.Allocation and child.typed[1].device.type == "cpu":
+                        sizes.append((child.start_time_ns, child.typed[1].alloc_size))
+                    inner.extend(child.children)
+                live = peak = 0
+                for _, size in sorted(sizes, key=lambda item: item[0]):
+                    live += size
+                    peak = max(peak, live)
+                if peak > live:
+                    scratch[event.name[len(SCRATCH_LABEL):]] = peak - max(live, 0)
+                continue
+            pending.extend(event.children)
+    return scratch
+
+
+SCRATCH_LABEL = "plan-checkpoints-op:"
+
+
 def time_ops(graph_module: fx.GraphModule, inputs: list, repeats: int = 5) -> OpTimes:
-    """Run the graph ``repeats`` times on ``inputs`` (placeholders in order) and time every op."""
+    """Run the graph ``repeats`` times on ``inputs`` (placeholders in order) and time every op.
+
+    The warm-up run also measures each op's scratch memory (:attr:`OpTimes.scratch_bytes`): on CPU
+    from the allocator's events (``torch.profiler`` with ``profile_memory``), on CUDA from
+    ``max_memory_allocated`` around the op."""
     graph = graph_module.graph
     devices = cuda_devices(inputs)
     use_events = bool(devices)
     frees = _last_uses(graph)
     samples: dict[str, list[float]] = {}
+    scratch: dict[str, int] = {}
     step_times = []
     saved_rng = get_rng_state(devices)
     try:
-        for _ in range(repeats + 1):  # the first run warms up (lazy initialisation, allocator)
+        for run in range(repeats + 1):  # the first run warms up (lazy initialisation, allocator)
+            warm_up = run == 0
+            memory_profile = None
+            if warm_up and not use_events:
+                memory_profile = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
+                                                        profile_memory=True)
+                memory_profile.__enter__()
             set_rng_state(saved_rng)
             env: dict[str, object] = {}
             events = []
@@ -70,7 +116,12 @@ def time_ops(graph_module: fx.GraphModule, inputs: list, repeats: int = 5) -> Op
                     elif node.op == "call_function" and not _is_buffer_mutation(node):
                         args = fx.node.map_arg(node.args, lambda n: env[n.name])
                         kwargs = fx.node.map_arg(node.kwargs, lambda n: env[n.name])
-                        if use_events:
+                        if warm_up and use_events:
+                            env[node.name] = _cuda_with_scratch(node, args, kwargs, scratch)
+                        elif warm_up:
+                            with torch.profiler.record_function(SCRATCH_LABEL + node.name):
+                                env[node.name] = node.target(*args, **kwargs)
+                        elif use_events:
                             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                             start.record()
                             env[node.name] = node.target(*args, **kwargs)
@@ -88,11 +139,29 @@ def time_ops(graph_module: fx.GraphModule, inputs: list, repeats: int = 5) -> Op
                     samples.setdefault(name, []).append(start.elapsed_time(end) / 1000.0)
             step_times.append(time.perf_counter() - run_start)
             env.clear()  # release the run's tensors before the next one
+            if memory_profile is not None:
+                memory_profile.__exit__(None, None, None)
+                scratch.update(_scratch_from_events(memory_profile))
     finally:
         set_rng_state(saved_rng)
-    # Drop the warm-up run.
-    seconds = {name: statistics.median(times[1:] if len(times) > 1 else times) for name, times in samples.items()}
-    return OpTimes(seconds, repeats, statistics.median(step_times[1:] if len(step_times) > 1 else step_times))
+    # The warm-up run is not timed (its ops ran under the memory profiler or with allocator stats).
+    seconds = {name: statistics.median(times) for name, times in samples.items()}
+    return OpTimes(seconds, repeats, statistics.median(step_times[1:] if len(step_times) > 1 else step_times),
+                   scratch)
+
+
+def _cuda_with_scratch(node: fx.Node, args, kwargs, scratch: dict[str, int]):
+    """Run one op on CUDA and record the bytes it allocated above what it still holds after."""
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    result = node.target(*args, **kwargs)
+    torch.cuda.synchronize()
+    extra = torch.cuda.max_memory_allocated() - torch.cuda.memory_allocated()
+    if extra > 0:
+        scratch[node.name] = int(extra)
+    del before
+    return result
 
 
 def storage_bytes(tensor: torch.Tensor) -> int:
