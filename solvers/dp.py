@@ -53,6 +53,8 @@ once for every budget; :func:`solve_dp` runs the program on a cost graph through
 
 from __future__ import annotations
 
+import time
+
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -756,7 +758,8 @@ def solve_dp(graph, budget: int, time_limit: float | None = None, levels: int | 
     the views whose lowered schedule's simulated peak fits ``budget`` is returned (status
     ``heuristic``: optimal only in the chain model, whose sizes bound the graph's from above).
     Raises :class:`Infeasible` with ``min_budget`` = the least simulated peak of the views'
-    least-memory chain plans, lowered. ``time_limit`` is accepted and unused.
+    least-memory chain plans, lowered. With ``time_limit`` (seconds), views not started when it
+    is spent are skipped (the first, default view always runs).
     """
     if options:
         raise TypeError(f"dp: unknown option(s) {sorted(options)}; it accepts levels=")
@@ -770,7 +773,10 @@ def solve_dp(graph, budget: int, time_limit: float | None = None, levels: int | 
     # One program per chain view (solvers/chain.py: chain_views); the best lowered plan wins.
     best: tuple[_Lowered, ChainView, ChainPlans] | None = None
     least: tuple[_Lowered, ChainView] | None = None
+    deadline = None if time_limit is None else time.monotonic() + time_limit
     for view in chain_views(graph):
+        if least is not None and deadline is not None and time.monotonic() > deadline:
+            break  # the default view ran; the others are refinements
         chain = view.chain()
         # Above the plan without recomputation nothing changes: solve up to it, once.
         top = int(_bounds(_sizes(chain)).full[0, chain.length])

@@ -82,6 +82,9 @@ DEFAULT_ROUNDING_SAMPLES = 48
 # Heuristic methods tried for a warm start (either may be missing or unfinished: others write
 # them). Store-all is not among them: it is checked first, and when it fits no MILP is needed.
 WARM_START_METHODS = ("chen-greedy", "dp")
+# Each warm-start heuristic gets at most this share of the time left: dp plans on several chain
+# views, and unbounded it took 12 of the MILP's 30 s on GPT-2's graph, leaving no time to solve.
+WARM_START_SHARE = 0.15
 # Time for the minimum-budget MILP when the caller gave no time limit.
 MIN_BUDGET_TIME_LIMIT = 60.0
 # Graphs above this many nodes are refused: a 200-node graph's model has ~10^5 variables and
@@ -764,7 +767,7 @@ def warm_start_candidates(graph, budget: int, deadline: _Deadline) -> list[Candi
         if left is not None and left <= 0:
             break
         try:
-            schedule = solve(graph, budget, method, time_limit=left)
+            schedule = solve(graph, budget, method, time_limit=None if left is None else left * WARM_START_SHARE)
         except Exception:  # noqa: BLE001 - Infeasible, ImportError, ValueError, or a bug elsewhere
             continue
         candidate = _candidate(graph, schedule, budget, method)

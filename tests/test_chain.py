@@ -84,3 +84,11 @@ def test_dp_reaches_below_every_single_view():
         plans = plan_chain(view.chain())
         lowered = simulate(graph, view.lower(plans.plan(plans.budgets()[0]).sequence))
         assert caught.value.min_budget <= lowered.peak_bytes
+
+
+def test_dp_with_no_time_left_plans_on_the_default_view_only():
+    graph = projection_head_graph(9, seed=3, head_bytes=60)
+    budget = (store_all_peak(graph) * 9) // 10
+    quick = solve(graph, budget, method="dp", time_limit=1e-9)
+    assert simulate(graph, quick).peak_bytes <= budget
+    assert solve(graph, budget, method="dp").info.compute_cost <= quick.info.compute_cost
