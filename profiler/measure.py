@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.fx as fx
 
+from .allocations import cpu_allocations, replay
 from .state import cuda_devices, get_rng_state, set_rng_state
 
 # Memory the CUDA caching allocator hands out comes in blocks of this many bytes.
@@ -54,25 +55,14 @@ def _scratch_from_events(profile) -> dict[str, int]:
     from torch._C._profiler import _EventType
 
     scratch: dict[str, int] = {}
-    for root in profile.profiler.kineto_results.experimental_event_tree():
-        pending = [root]
-        while pending:
-            event = pending.pop()
-            if event.typed[0] == _EventType.TorchOp and event.name.startswith(SCRATCH_LABEL):
-                sizes = []
-                inner = list(event.children)
-                while inner:
-                    child = inner.pop()
-                    if child.typed[0] == _EventType.Allocation and child.typed[1].device.type == "cpu":
-                        sizes.append((child.start_time_ns, child.typed[1].alloc_size))
-                    inner.extend(child.children)
-                live = peak = 0
-                for _, size in sorted(sizes, key=lambda item: item[0]):
-                    live += size
-                    peak = max(peak, live)
-                if peak > live:
-                    scratch[event.name[len(SCRATCH_LABEL):]] = peak - max(live, 0)
-                continue
+    pending = list(profile.profiler.kineto_results.experimental_event_tree())
+    while pending:
+        event = pending.pop()
+        if event.typed[0] == _EventType.TorchOp and event.name.startswith(SCRATCH_LABEL):
+            peak, end = replay(cpu_allocations(event.children))
+            if peak > end:
+                scratch[event.name[len(SCRATCH_LABEL):]] = peak - max(end, 0)
+        else:
             pending.extend(event.children)
     return scratch
 

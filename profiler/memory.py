@@ -17,6 +17,7 @@ from typing import Callable
 import torch
 import torch.utils._pytree as pytree
 
+from .allocations import cpu_allocations, replay
 from .capture import default_loss
 from .inputs import normalise_inputs
 from .state import cuda_devices, preserved_state
@@ -48,21 +49,9 @@ def resident_bytes(model: torch.nn.Module, tensors=()) -> int:
 
 def _cpu_allocation_peak(step: Callable[[], None]) -> int:
     """Most bytes live at once among the allocations made during ``step`` (replayed in order)."""
-    from torch._C._profiler import _EventType
-
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
         step()
-    events = []
-    pending = list(prof.profiler.kineto_results.experimental_event_tree())
-    while pending:
-        event = pending.pop()
-        if event.typed[0] == _EventType.Allocation and event.typed[1].device.type == "cpu":
-            events.append((event.start_time_ns, event.typed[1].alloc_size))
-        pending.extend(event.children)
-    live = peak = 0
-    for _, size in sorted(events, key=lambda e: e[0]):
-        live += size
-        peak = max(peak, live)
+    peak, _ = replay(cpu_allocations(prof.profiler.kineto_results.experimental_event_tree()))
     return peak
 
 

@@ -179,3 +179,15 @@ def budget_sweep(graph, points: int = 8) -> list[int]:
     budgets = {0, 1, top - 1, top, top + 1}
     budgets.update(round(top * k / points) for k in range(1, points))
     return sorted(b for b in budgets if b >= 0)
+
+
+def method_sweep_graphs():
+    """(name, graph) pairs the chain methods' budget sweeps run on (tests/test_chen.py, test_revolve.py)."""
+    for seed in range(3):
+        yield f"training{seed}", training_graph(9 + 4 * seed, seed=seed, skips=2 * seed)
+        yield f"unit{seed}", training_graph(6 + 5 * seed, seed=seed, unit=True)
+        yield f"chain{seed}", chain(7 + 3 * seed, seed=seed)
+        yield f"params{seed}", parameter_gradient_graph(5 + 2 * seed, seed=seed)
+        yield f"dag{seed}", random_dag(11 + seed, seed=seed)
+        yield f"extras{seed}", with_extras(training_graph(10 + 3 * seed, seed=seed, skips=seed), seed=seed)
+    yield "projection", projection_head_graph(8, seed=1, head_bytes=60)

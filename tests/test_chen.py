@@ -14,6 +14,7 @@ from contract import check_candidate_bounds, check_method_at
 from graphs import (
     budget_sweep,
     chain,
+    method_sweep_graphs,
     parameter_gradient_graph,
     random_dag,
     store_all_peak,
@@ -209,13 +210,7 @@ def test_candidate_costs_and_bounds_are_exact_or_sound():
 
 
 def sweep_graphs():
-    for seed in range(3):
-        yield f"training{seed}", training_graph(9 + 4 * seed, seed=seed, skips=2 * seed)
-        yield f"unit{seed}", training_graph(6 + 5 * seed, seed=seed, unit=True)
-        yield f"chain{seed}", chain(7 + 3 * seed, seed=seed)
-        yield f"params{seed}", parameter_gradient_graph(5 + 2 * seed, seed=seed)
-        yield f"dag{seed}", random_dag(11 + seed, seed=seed)
-        yield f"extras{seed}", with_extras(training_graph(10 + 3 * seed, seed=seed, skips=seed), seed=seed)
+    yield from method_sweep_graphs()
     yield "extras-params", with_extras(parameter_gradient_graph(7, seed=5), seed=5)
     yield "extras-dag", with_extras(random_dag(12, seed=7), seed=7)
 

@@ -9,9 +9,8 @@ import pytest
 from contract import check_candidate_bounds, check_method_at
 from graphs import (
     budget_sweep,
-    chain,
+    method_sweep_graphs,
     parameter_gradient_graph,
-    random_dag,
     training_graph,
     with_extras,
 )
@@ -197,13 +196,7 @@ def test_split_summary_matches_the_sequence(length, slots):
 
 
 def sweep_graphs():
-    for seed in range(3):
-        yield f"training{seed}", training_graph(9 + 4 * seed, seed=seed, skips=2 * seed)
-        yield f"unit{seed}", training_graph(6 + 5 * seed, seed=seed, unit=True)
-        yield f"chain{seed}", chain(7 + 3 * seed, seed=seed)
-        yield f"params{seed}", parameter_gradient_graph(5 + 2 * seed, seed=seed)
-        yield f"dag{seed}", random_dag(11 + seed, seed=seed)
-        yield f"extras{seed}", with_extras(training_graph(10 + 3 * seed, seed=seed, skips=seed), seed=seed)
+    yield from method_sweep_graphs()
 
 
 @pytest.mark.parametrize("name,graph", list(sweep_graphs()))

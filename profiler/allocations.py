@@ -1,0 +1,30 @@
+"""The CPU allocator's events, as ``torch.profiler.profile(profile_memory=True)`` records them,
+replayed in order: what was live at the peak and at the end (bytes)."""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+
+def cpu_allocations(roots: Iterable) -> list[tuple[int, int]]:
+    """(start time in ns, bytes; negative for a release) of every CPU allocation event under
+    ``roots`` (profiler events, with their descendants), in time order."""
+    from torch._C._profiler import _EventType
+
+    found = []
+    pending = list(roots)
+    while pending:
+        event = pending.pop()
+        if event.typed[0] == _EventType.Allocation and event.typed[1].device.type == "cpu":
+            found.append((event.start_time_ns, event.typed[1].alloc_size))
+        pending.extend(event.children)
+    return sorted(found, key=lambda item: item[0])
+
+
+def replay(allocations: Iterable[tuple[int, int]]) -> tuple[int, int]:
+    """(most bytes live at once, bytes live at the end) over ``allocations`` in order, from zero."""
+    live = peak = 0
+    for _, size in allocations:
+        live += size
+        peak = max(peak, live)
+    return peak, live
