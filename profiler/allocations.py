@@ -3,7 +3,26 @@ replayed in order: what was live at the peak and at the end (bytes)."""
 
 from __future__ import annotations
 
-from typing import Iterable
+import contextlib
+import os
+import sys
+from typing import Iterable, Iterator
+
+
+@contextlib.contextmanager
+def quiet_native_stderr() -> Iterator[None]:
+    """Send the process's native stderr (fd 2) to /dev/null: starting and stopping the profiler
+    makes this torch build print trace lines ("USDT: ... profiler_start") that a user of the
+    command line must not see. Python's own ``sys.stderr`` is flushed first and restored after."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
 
 
 def cpu_allocations(roots: Iterable) -> list[tuple[int, int]]:

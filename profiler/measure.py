@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.fx as fx
 
-from .allocations import cpu_allocations, replay
+from .allocations import cpu_allocations, quiet_native_stderr, replay
 from .state import cuda_devices, get_rng_state, set_rng_state
 
 # Memory the CUDA caching allocator hands out comes in blocks of this many bytes.
@@ -91,7 +91,8 @@ def time_ops(graph_module: fx.GraphModule, inputs: list, repeats: int = 5) -> Op
             if warm_up and not use_events:
                 memory_profile = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
                                                         profile_memory=True)
-                memory_profile.__enter__()
+                with quiet_native_stderr():
+                    memory_profile.__enter__()
             set_rng_state(saved_rng)
             env: dict[str, object] = {}
             events = []
@@ -130,7 +131,8 @@ def time_ops(graph_module: fx.GraphModule, inputs: list, repeats: int = 5) -> Op
             step_times.append(time.perf_counter() - run_start)
             env.clear()  # release the run's tensors before the next one
             if memory_profile is not None:
-                memory_profile.__exit__(None, None, None)
+                with quiet_native_stderr():
+                    memory_profile.__exit__(None, None, None)
                 scratch.update(_scratch_from_events(memory_profile))
     finally:
         set_rng_state(saved_rng)
