@@ -109,12 +109,13 @@ def build_cost_graph(joint: JointGraph, grouping: Grouping, times: OpTimes) -> n
             loss_added = True
         mem = _bytes_of(group.exports, storages)
         structural = _workspace(group.nodes, group.exports, graph_nodes, storages, base_of)
+        measured = (_workspace(group.nodes, group.exports, graph_nodes, storages, base_of, times.scratch_bytes)
+                    if times.scratch_bytes else structural)
         cost.add_node(
             group.id,
             cost=float(sum(times.seconds.get(n, 0.0) for n in group.nodes)),
             mem=int(mem),
-            workspace=int(_workspace(group.nodes, group.exports, graph_nodes, storages, base_of,
-                                     getattr(times, "scratch_bytes", None))),
+            workspace=int(measured),
             structural_workspace=int(structural),
             output=group.value_class == GRADIENT,
             pinned=group.value_class == MODEL_OUTPUT,

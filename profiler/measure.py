@@ -49,6 +49,10 @@ def _last_uses(graph: fx.Graph) -> dict[str, list[str]]:
     return freed
 
 
+# Names the record_function around each op of the warm-up run, to find its allocations.
+SCRATCH_LABEL = "plan-checkpoints-op:"
+
+
 def _scratch_from_events(profile) -> dict[str, int]:
     """Per ``record_function`` label, the peak of the CPU allocations inside it above what is still
     allocated when it ends (bytes): what its kernels used and released."""
@@ -65,9 +69,6 @@ def _scratch_from_events(profile) -> dict[str, int]:
         else:
             pending.extend(event.children)
     return scratch
-
-
-SCRATCH_LABEL = "plan-checkpoints-op:"
 
 
 def time_ops(graph_module: fx.GraphModule, inputs: list, repeats: int = 5) -> OpTimes:
@@ -145,14 +146,12 @@ def time_ops(graph_module: fx.GraphModule, inputs: list, repeats: int = 5) -> Op
 def _cuda_with_scratch(node: fx.Node, args, kwargs, scratch: dict[str, int]):
     """Run one op on CUDA and record the bytes it allocated above what it still holds after."""
     torch.cuda.synchronize()
-    before = torch.cuda.memory_allocated()
     torch.cuda.reset_peak_memory_stats()
     result = node.target(*args, **kwargs)
     torch.cuda.synchronize()
     extra = torch.cuda.max_memory_allocated() - torch.cuda.memory_allocated()
     if extra > 0:
         scratch[node.name] = int(extra)
-    del before
     return result
 
 

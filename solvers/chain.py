@@ -50,8 +50,8 @@ Node = Hashable
 PERSISTENT_SHARE = 0.02
 # The shares :func:`chain_views` tries. Holding a small result throughout buys finer stages but costs
 # its bytes at every moment of the step, the peak included: GPT-2's residual streams (1 MiB each)
-# split its blocks into attention and MLP halves at 2%, and at 0.25% only the position/mask tensor
-# read by every block is held, which is what reaches per-layer checkpointing's peak.
+# split its blocks into attention and MLP halves at 2%, and at 0.5% only the 1.25 MiB position/mask
+# tensor read by every block is held, which is what reaches per-layer checkpointing's peak.
 PERSISTENT_SHARES = (0.02, 0.01, 0.005, 0.0025, 0.0)
 
 

@@ -53,9 +53,8 @@ once for every budget; :func:`solve_dp` runs the program on a cost graph through
 
 from __future__ import annotations
 
-import time
-
 import math
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
