@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Hashable, Iterable
+from typing import Hashable, Iterable, Sequence
 
 import networkx as nx
 
@@ -88,9 +88,26 @@ def topological_order(graph) -> list[Node]:
     return list(nx.lexicographical_topological_sort(graph, key=rank.__getitem__))
 
 
-def node_costs(graph) -> NodeCosts:
-    """Index the graph once; solvers work on integer positions in topological order."""
-    order = tuple(topological_order(graph))
+def is_topological_order(graph, order: Sequence[Node]) -> bool:
+    """Whether ``order`` lists every node of ``graph`` once, each after all its predecessors."""
+    position = {node: i for i, node in enumerate(order)}
+    if len(position) != len(order) or len(order) != graph.number_of_nodes() or any(v not in graph for v in order):
+        return False
+    return all(position[u] < position[v] for u, v in graph.edges)
+
+
+def node_costs(graph, order: Sequence[Node] | None = None) -> NodeCosts:
+    """Index the graph once; solvers work on integer positions in topological order.
+
+    ``order``: the topological order to index by (default :func:`topological_order`); a
+    ``ValueError`` when it is not one.
+    """
+    if order is None:
+        order = tuple(topological_order(graph))
+    else:
+        order = tuple(order)
+        if not is_topological_order(graph, order):
+            raise ValueError("node_costs: the order given is not a topological order of the graph's nodes")
     index = {node: i for i, node in enumerate(order)}
     nodes = graph.nodes
     return NodeCosts(

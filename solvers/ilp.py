@@ -1,7 +1,8 @@
 """``ilp``: Checkmate's MILP (Jain et al., MLSys 2020) on the whole DAG, solved with PuLP.
 
 Checkmate (§4 of the paper) fixes the order of *first* computations to one topological order
-(here :func:`solvers.graph.topological_order`, nodes renamed ``0..n-1``) and splits the schedule
+(here the cheapest warm start's, else :func:`solvers.graph.topological_order`; nodes renamed
+``0..n-1`` in it) and splits the schedule
 into ``n`` stages: stage ``t`` recomputes some earlier nodes in ascending index order and ends with
 the first computation of node ``t`` ("frontier-advancing" stages). Its variables:
 
@@ -68,7 +69,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Sequence
 
 from .errors import Infeasible, SolverUnavailable
-from .graph import NodeCosts, node_costs, validate
+from .graph import NodeCosts, is_topological_order, node_costs, validate
 from .liveness import drop_redundant_computes, schedule_from_computes
 from .schedule import COMPUTE, Schedule, SolverInfo
 from .simulate import simulate
@@ -926,6 +927,10 @@ def _solve_exact(graph, costs, budget, backend, deadline, threads, candidates, w
     for _attempt in range(TIGHTEN_ATTEMPTS + 1):
         model.set_budget(math.floor(model_budget))
         warm, started_from = _best_start(model, graph, pool)
+        if started_from is not None and deadline.left() == 0:
+            # Loading the model into the backend alone takes seconds at 200 nodes: not past the limit.
+            messages.append(f"time limit reached before the MILP; returning the cheapest start ({started_from.source})")
+            return _finish(started_from, budget, "feasible", lp_bound, "; ".join(messages))
         outcome = run_backend(model, backend, deadline.left(), threads, warm)
         if outcome.infeasible:
             return _no_schedule(graph, costs, budget, backend, deadline, threads,
@@ -1070,6 +1075,13 @@ def expressible(graph, costs: NodeCosts, schedule: Schedule) -> bool:
     return stages_of_order(costs, order) is not None
 
 
+def first_computation_order(graph, schedule: Schedule) -> list | None:
+    """The nodes in the order ``schedule`` first computes them (its computations that something
+    reads), or ``None`` when that is not a topological order of all of ``graph``."""
+    order = list(dict.fromkeys(drop_redundant_computes(graph, schedule.computes())))
+    return order if is_topological_order(graph, order) else None
+
+
 def _proven(cost: float, bound: float | None) -> bool:
     """Whether a lower bound proves ``cost`` optimal, up to the LP solver's tolerance."""
     return bound is not None and cost - bound <= 1e-7 * max(abs(cost), 1e-9)
@@ -1117,25 +1129,30 @@ def solve_ilp(graph, budget: int, time_limit: float | None = None, *, backend: s
     if mode not in MODES:
         raise ValueError(f"unknown ilp mode {mode!r}; accepted: {', '.join(MODES)}")
     deadline = _Deadline(time_limit)
-    costs = node_costs(graph)
-    if costs.n > max_nodes:
-        raise ValueError(f"ilp: the graph has {costs.n} nodes; Checkmate's model would have ~{costs.n ** 2:,} "
+    n = graph.number_of_nodes()
+    if n > max_nodes:
+        raise ValueError(f"ilp: the graph has {n} nodes; Checkmate's model would have ~{n ** 2:,} "
                          f"binaries, more than PuLP builds in reasonable time and memory (limit: max_nodes="
                          f"{max_nodes}). Use a coarser profile, or the cpsat, dp or chen-greedy methods")
-    if costs.n == 0:
+    if n == 0:
         return _finish(Candidate(Schedule([]), 0.0, 0, "empty graph"), budget, "optimal", 0.0, "empty graph")
 
     # Store-all computes every node once: no schedule is cheaper, so when it fits it is optimal.
-    store_all = _candidate(graph, schedule_of_order(graph, costs, range(costs.n)), None, "store-all")
+    store_all = _candidate(graph, schedule_of_order(graph, node_costs(graph), range(n)), None, "store-all")
     if store_all.peak <= budget:
         return _finish(store_all, budget, "optimal", store_all.cost, "store-all fits")
+
+    candidates = warm_start_candidates(graph, budget, deadline) if warm_start else []
+    # The model's fixed first-computation order: the cheapest heuristic schedule's, so that the
+    # model expresses it (the default order often cannot: the chain methods' backward runs each
+    # gradient's consumers in a different order than the trace did), else the trace's order.
+    order = next((o for o in (first_computation_order(graph, c.schedule) for c in candidates) if o), None)
+    costs = node_costs(graph, order)
     bound = model_lower_bound(costs)
-    if budget < bound:
+    if budget < bound and not candidates:
         return _no_schedule(graph, costs, budget, backend, deadline, threads,
                             f"{budget} bytes is below {bound} bytes, what some computation needs at once",
                             exact=mode == "exact")
-
-    candidates = warm_start_candidates(graph, budget, deadline) if warm_start else []
     if mode == "exact":
         return _solve_exact(graph, costs, budget, backend, deadline, threads, candidates, warm_start,
                             rounding_samples, random.Random(seed))
