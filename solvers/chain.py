@@ -194,6 +194,31 @@ def chain_views(graph, persistent_shares: Sequence[float] = PERSISTENT_SHARES) -
     return list(views.values())
 
 
+def coarsened(view: ChainView, stages_per_group: int) -> ChainView:
+    """``view`` with every ``stages_per_group`` consecutive stages merged into one (the loss stage
+    kept apart): fewer, larger stages, for chain methods whose cost grows with the stage count.
+
+    Still a chain view: a merged boundary is one of the original boundaries, and a merged stage's
+    backward runs its stages' backwards from the highest down, the order gradients flow in.
+    """
+    if stages_per_group < 1:
+        raise ValueError(f"stages_per_group must be >= 1, got {stages_per_group}")
+    length = view.length
+    groups = [range(start, min(start + stages_per_group, length)) for start in range(0, length, stages_per_group)]
+    merged_stage = {stage: j for j, group in enumerate(groups) for stage in group}
+    merged_stage[length] = len(groups)
+    forward = tuple(tuple(v for stage in group for v in view.forward[stage]) for group in groups)
+    backward = tuple(tuple(v for stage in reversed(group) for v in view.backward[stage]) for group in groups)
+    return ChainView(
+        graph=view.graph,
+        loss=view.loss,
+        forward=forward + (view.forward[length],),
+        backward=backward + (view.backward[length],),
+        reserved=view.reserved,
+        stage_of={v: merged_stage[stage] for v, stage in view.stage_of.items()},
+    )
+
+
 def _view(graph, loss: Node, forward: list, backward: list, position: dict, reserved: frozenset,
           follow_the_gradient: bool = True) -> ChainView:
 

@@ -7,7 +7,8 @@ import pytest
 from graphs import parameter_gradient_graph, projection_head_graph, random_dag, store_all_peak, training_graph
 
 from solvers import Infeasible, simulate, solve
-from solvers.chain import PERSISTENT_SHARES, chain_view, chain_views
+from solvers import dp
+from solvers.chain import PERSISTENT_SHARES, chain_view, chain_views, coarsened
 from solvers.chen import segment_sequence
 from solvers.chainmodel import simulate_chain
 from solvers.dp import plan_chain
@@ -50,7 +51,7 @@ def test_every_view_is_conservative(make):
     """On every view, each dp plan and each segment plan lowers to a schedule that peaks at most at
     its chain-model peak plus the reserved bytes."""
     graph = make()
-    for view in chain_views(graph):
+    for view in [v for base in chain_views(graph) for v in (base, coarsened(base, 2), coarsened(base, 3))]:
         chain = view.chain()
         plans = plan_chain(chain)
         sequences = [plans.plan(budget).sequence for budget in plans.budgets()]
@@ -92,3 +93,31 @@ def test_dp_with_no_time_left_plans_on_the_default_view_only():
     quick = solve(graph, budget, method="dp", time_limit=1e-9)
     assert simulate(graph, quick).peak_bytes <= budget
     assert solve(graph, budget, method="dp").info.compute_cost <= quick.info.compute_cost
+
+
+def test_coarsened_view_merges_consecutive_stages():
+    view = chain_view(training_graph(7, seed=2))
+    merged = coarsened(view, 3)
+    assert merged.length == 3  # stages 0-2, 3-5, 6; the loss stage apart
+    assert merged.forward[0] == view.forward[0] + view.forward[1] + view.forward[2]
+    assert merged.backward[0] == view.backward[2] + view.backward[1] + view.backward[0]
+    assert merged.forward[-1] == view.forward[-1] and merged.backward[-1] == view.backward[-1]
+    assert coarsened(view, 1).forward == view.forward
+    with pytest.raises(ValueError, match="stages_per_group"):
+        coarsened(view, 0)
+
+
+def test_dp_plans_long_chains_coarsened_too(monkeypatch):
+    """Where the grid has few memory levels (a long chain: here the caps are lowered to make 60
+    stages long), merging stages and planning on finer levels finds cheaper plans."""
+    graph = training_graph(60, seed=3)
+    for _, data in graph.nodes(data=True):
+        data["mem"] *= 1000  # sizes of many grid units
+    budget = store_all_peak(graph) // 2
+    monkeypatch.setattr(dp, "MAX_GRID_WORK", 4e5)  # 10 memory levels at 60 stages, 556 at 15
+    monkeypatch.setattr(dp, "COARSE_STAGES", 10**9)
+    fine_only = solve(graph, budget, method="dp")
+    monkeypatch.setattr(dp, "COARSE_STAGES", 15)
+    with_coarse = solve(graph, budget, method="dp")
+    assert simulate(graph, with_coarse).peak_bytes <= budget
+    assert with_coarse.info.compute_cost < 0.95 * fine_only.info.compute_cost
