@@ -140,7 +140,7 @@ def build_cost_graph(joint: JointGraph, grouping: Grouping, times: OpTimes) -> n
         for base in group.inputs:
             if base in grouping.fixed:
                 continue
-            source = LOSS if base in grouping.tangents else grouping.value_owner[base]
+            source = LOSS if base in grouping.tangents else grouping.source_for(base, group.phase)
             cost.add_edge(source, group.id)
     # The loss reads the model's outputs; the new values of buffers are computed before it.
     for node, data in list(cost.nodes(data=True)):

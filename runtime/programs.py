@@ -104,15 +104,15 @@ def compile_programs(joint: JointGraph, grouping: Grouping, graph) -> Programs:
     """Code for every node of ``graph`` (the cost graph built from ``grouping``)."""
     nodes: dict[str, NodeProgram] = {}
 
-    def source_of(base: str) -> str:
+    def source_of(base: str, phase: str) -> str:
         if base in grouping.fixed:
             return FIXED
         if base in grouping.tangents:
             return LOSS
-        return grouping.value_owner[base]
+        return grouping.source_for(base, phase)
 
     for group in grouping.groups:
-        reads = [(source_of(b), b) for b in group.inputs]
+        reads = [(source_of(b, group.phase), b) for b in group.inputs]
         program = NodeProgram(group.id, reads, list(group.exports))
         program.run = subgraph(joint, group.nodes, group.inputs, group.exports)
         program.random_ops = _random_ops(joint, group.nodes)
