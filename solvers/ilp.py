@@ -875,6 +875,11 @@ def _no_schedule(graph, costs, budget, backend, deadline: _Deadline, threads, wh
                      f"{qualifier}", min_budget=least.peak, method="ilp")
 
 
+def _out_of_time(budget: int, deadline: _Deadline) -> TimeoutError:
+    return TimeoutError(f"ilp: no schedule within {budget} bytes found in the time limit ({deadline.limit} s); "
+                        "the budget is neither met nor proven infeasible")
+
+
 def _finish(found: Candidate, budget: int, status: str, bound: float | None, message: str) -> Schedule:
     """The schedule with its report (``solve()`` fills in the same numbers when it is the caller)."""
     info = _info(status, found.cost, bound, message)
@@ -906,6 +911,8 @@ def _solve_exact(graph, costs, budget, backend, deadline, threads, candidates, w
                                 f"the LP relaxation is infeasible at {budget} bytes", exact=True)
         lp_bound = rounded.lower_bound
         pool += [rounded.best] if rounded.best is not None else []
+        if not pool and deadline.left() == 0:
+            raise _out_of_time(budget, deadline)
         if not pool:
             # A tight budget: nothing cheap fits. Without a start HiGHS can spend minutes before
             # its first incumbent, while the MILP that minimises the peak, stopped at the first
@@ -927,6 +934,8 @@ def _solve_exact(graph, costs, budget, backend, deadline, threads, candidates, w
     for _attempt in range(TIGHTEN_ATTEMPTS + 1):
         model.set_budget(math.floor(model_budget))
         warm, started_from = _best_start(model, graph, pool)
+        if started_from is None and deadline.left() == 0:
+            raise _out_of_time(budget, deadline)
         if started_from is not None and deadline.left() == 0:
             # Loading the model into the backend alone takes seconds at 200 nodes: not past the limit.
             messages.append(f"time limit reached before the MILP; returning the cheapest start ({started_from.source})")
@@ -948,8 +957,7 @@ def _solve_exact(graph, costs, budget, backend, deadline, threads, candidates, w
             if started_from is not None:  # the backend dropped the start; it is still a valid answer
                 messages.append("time limit reached; returning the warm start")
                 return _finish(started_from, budget, "feasible", bound, "; ".join(messages))
-            raise TimeoutError(f"ilp: no schedule within {budget} bytes found in the time limit "
-                               f"({deadline.limit} s); the budget is neither met nor proven infeasible")
+            raise _out_of_time(budget, deadline)
         schedule = schedule_of_order(graph, costs, compute_order(model, outcome.values))
         found = _candidate(graph, schedule, budget, "milp")
         if found is None:
