@@ -74,12 +74,12 @@ class Grouping:
     tangents: set[str]
     depth: int | None
     # fx name of a forward base value -> the extraction node the backward reads it from
-    saved_holder: dict[str, str] = field(default_factory=dict)
+    backward_holder: dict[str, str] = field(default_factory=dict)
 
     def source_for(self, base: str, phase: str) -> str:
         """The node a group of ``phase`` reads ``base`` from (not for placeholders)."""
-        if phase == "backward" and base in self.saved_holder:
-            return self.saved_holder[base]
+        if phase == "backward" and base in self.backward_holder:
+            return self.backward_holder[base]
         return self.value_owner[base]
 
 
@@ -250,9 +250,10 @@ def group_graph(joint: JointGraph, depth: int | None) -> Grouping:
         group.inputs = inputs
 
     # 4. Exports; a group whose exports mix classes keeps the ordinary ones and hands each special
-    # class to an extraction node, so that holding a gradient does not hold an activation.
+    # class to an extraction node, so that holding a gradient does not hold an activation; a
+    # forward group also hands the small values only its backward reads to a SAVED extraction.
     extractions: list[Extraction] = []
-    saved_holder: dict[str, str] = {}
+    backward_holder: dict[str, str] = {}
     phase_of = {group.id: group.phase for group in groups}
     for group in groups:
         group.exports = [
@@ -278,9 +279,9 @@ def group_graph(joint: JointGraph, depth: int | None) -> Grouping:
             # group itself can be freed once the forward is done with it (batch norm's backward
             # reads the new running statistics: through the group they kept its output alive).
             for extraction in held_apart:
-                saved_holder.update((value, extraction.id) for value in extraction.values)
+                backward_holder.update((value, extraction.id) for value in extraction.values)
         extractions.extend(held_apart)
-    return Grouping(groups, extractions, value_owner, base_of, fixed, tangents, depth, saved_holder)
+    return Grouping(groups, extractions, value_owner, base_of, fixed, tangents, depth, backward_holder)
 
 
 def _saved_apart(group: Group, ordinary: list[str], readers: dict[str, set[str]], phase_of: dict[str, str],
