@@ -60,18 +60,18 @@ class Row:
     grouping: str = ""  # the cost graph a plan schedules (the planner may pick a finer one)
 
 
-def _step(module, inputs, loss_fn):
+def training_step(module, inputs, loss_fn):
     for p in module.parameters():
         p.grad = None
     output = module(**inputs) if isinstance(inputs, dict) else module(*inputs)
     loss_fn(output).backward()
 
 
-def _timed_step(module, inputs, loss_fn) -> float:
+def timed_step(module, inputs, loss_fn) -> float:
     sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
     sync()
     start = time.perf_counter()
-    _step(module, inputs, loss_fn)
+    training_step(module, inputs, loss_fn)
     sync()
     return time.perf_counter() - start
 
@@ -88,7 +88,7 @@ def _compiled(bench: Benchmark, base, ratio: float, inputs):
     compiled = torch.compile(model)
     started = time.perf_counter()
     with torch._functorch.config.patch(activation_memory_budget=ratio):
-        _step(compiled, inputs, bench.loss_fn)  # compiles forward and backward
+        training_step(compiled, inputs, bench.loss_fn)  # compiles forward and backward
     return compiled, time.perf_counter() - started
 
 
@@ -174,7 +174,7 @@ def run_model(name: str, rounds: int, fractions: list[float], solvers: list[str]
     # Step times: every method once per round, interleaved; the first round warms up.
     for round_index in range(rounds + 1):
         for key, module in modules.items():
-            seconds = _timed_step(module, inputs, bench.loss_fn)
+            seconds = timed_step(module, inputs, bench.loss_fn)
             if round_index:
                 rows[key].times.append(seconds)
     for row in rows.values():

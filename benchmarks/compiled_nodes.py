@@ -28,25 +28,17 @@ sys.path.insert(0, os.path.dirname(HERE))
 
 import planner  # noqa: E402
 import profiler  # noqa: E402
+from compare import timed_step  # noqa: E402  (one training step, timed as compare.py times it)
 from models import BENCHMARKS  # noqa: E402
 from planner.files import write_atomic  # noqa: E402
 
 MiB = 2**20
 
 
-def _step(module, inputs, loss_fn) -> float:
-    started = time.perf_counter()
-    for parameter in module.parameters():
-        parameter.grad = None
-    output = module(**inputs) if isinstance(inputs, dict) else module(*inputs)
-    loss_fn(output).backward()
-    return time.perf_counter() - started
-
-
 def _compile_node_programs(planned, inputs, loss_fn) -> int:
     """Wrap the bound executor's node programs in torch.compile (reaches into the runtime's
     private state: a probe). Returns how many were wrapped."""
-    _step(planned, inputs, loss_fn)  # binds the plan to the model's trace
+    timed_step(planned, inputs, loss_fn)  # binds the plan to the model's trace
     programs = planned.__dict__["_planned_bound"].executor.programs.nodes.values()
     wrapped = 0
     for program in programs:
@@ -74,17 +66,17 @@ def main(argv=None) -> int:
     compiled_plan = planner.apply(model, plan)
     started = time.perf_counter()
     wrapped = _compile_node_programs(compiled_plan, inputs, bench.loss_fn)
-    _step(compiled_plan, inputs, bench.loss_fn)
+    timed_step(compiled_plan, inputs, bench.loss_fn)
     compile_seconds = time.perf_counter() - started
     compiled_model = torch.compile(copy.deepcopy(model))
-    _step(compiled_model, inputs, bench.loss_fn)
+    timed_step(compiled_model, inputs, bench.loss_fn)
 
     modules = {"no checkpointing": model, "plan, eager nodes": eager_plan,
                f"plan, {wrapped} nodes compiled": compiled_plan, "torch.compile of the model": compiled_model}
     times: dict[str, list[float]] = {name: [] for name in modules}
     for round_index in range(args.rounds + 1):  # the first round warms up
         for name, module in modules.items():
-            seconds = _step(module, inputs, bench.loss_fn)
+            seconds = timed_step(module, inputs, bench.loss_fn)
             if round_index:
                 times[name].append(seconds)
     lines = ["| method | measured peak (MiB) | step (s) | vs no checkpointing |", "|---|---|---|---|"]

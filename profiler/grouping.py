@@ -28,6 +28,7 @@ import torch.fx as fx
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from .capture import JointGraph, TANGENT
+from .measure import storage_bytes
 
 # Classes of exported values; a group or extraction node holds values of one class.
 NORMAL, MODEL_OUTPUT, GRADIENT, MUTATION = "normal", "model_output", "gradient", "mutation"
@@ -307,11 +308,7 @@ def _saved_apart(group: Group, ordinary: list[str], readers: dict[str, set[str]]
 
 def _value_bytes(node: fx.Node) -> int:
     """Bytes of the storages of a value's tensors (fake tensors of the trace)."""
-    storages = {}
-    for tensor in _tensors(node.meta.get("val")):
-        storage = tensor.untyped_storage()
-        storages[StorageWeakRef(storage)] = storage.nbytes()
-    return sum(storages.values())
+    return sum({_storage(t): storage_bytes(t) for t in _tensors(node.meta.get("val"))}.values())
 
 
 def _unit_values(unit: str, nodes: dict, unit_of: dict) -> list[str]:

@@ -2,8 +2,7 @@
 
 Checkmate (§4 of the paper) fixes the order of *first* computations to one topological order
 (here the cheapest warm start's, else :func:`solvers.graph.topological_order`; nodes renamed
-``0..n-1`` in it) and splits the schedule
-into ``n`` stages: stage ``t`` recomputes some earlier nodes in ascending index order and ends with
+``0..n-1`` in it) and splits the schedule into ``n`` stages: stage ``t`` recomputes some earlier nodes in ascending index order and ends with
 the first computation of node ``t`` ("frontier-advancing" stages). Its variables:
 
 - ``R[t,i]`` (binary): node ``i`` is computed in stage ``t``; the objective is the sum of
@@ -1146,7 +1145,8 @@ def solve_ilp(graph, budget: int, time_limit: float | None = None, *, backend: s
         return _finish(Candidate(Schedule([]), 0.0, 0, "empty graph"), budget, "optimal", 0.0, "empty graph")
 
     # Store-all computes every node once: no schedule is cheaper, so when it fits it is optimal.
-    store_all = _candidate(graph, schedule_of_order(graph, node_costs(graph), range(n)), None, "store-all")
+    trace_costs = node_costs(graph)
+    store_all = _candidate(graph, schedule_of_order(graph, trace_costs, range(n)), None, "store-all")
     if store_all.peak <= budget:
         return _finish(store_all, budget, "optimal", store_all.cost, "store-all fits")
 
@@ -1155,7 +1155,7 @@ def solve_ilp(graph, budget: int, time_limit: float | None = None, *, backend: s
     # model expresses it (the default order often cannot: the chain methods' backward runs each
     # gradient's consumers in a different order than the trace did), else the trace's order.
     order = next((o for o in (first_computation_order(graph, c.schedule) for c in candidates) if o), None)
-    costs = node_costs(graph, order)
+    costs = trace_costs if order is None else node_costs(graph, order)
     bound = model_lower_bound(costs)
     if budget < bound and not candidates:
         return _no_schedule(graph, costs, budget, backend, deadline, threads,
