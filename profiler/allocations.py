@@ -1,12 +1,13 @@
 """The CPU allocator's events, as ``torch.profiler.profile(profile_memory=True)`` records them,
-replayed in order: what was live at the peak and at the end (bytes)."""
+replayed in order: what was live at the peak and at the end (bytes). On CUDA the allocator's own
+statistics say the same (:func:`allocated_while`)."""
 
 from __future__ import annotations
 
 import contextlib
 import os
 import sys
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
 
 @contextlib.contextmanager
@@ -47,3 +48,27 @@ def replay(allocations: Iterable[tuple[int, int]]) -> tuple[int, int]:
         live += size
         peak = max(peak, live)
     return peak, live
+
+
+def allocated_while(step: Callable[[], object], cuda: bool = False) -> tuple[int, int]:
+    """(most bytes allocated at once on top of what was allocated when ``step`` began, bytes it left
+    allocated): on CPU from the allocator's events, on CUDA from ``max_memory_allocated`` of the
+    current device."""
+    import torch
+
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        step()
+        torch.cuda.synchronize()
+        return torch.cuda.max_memory_allocated() - before, torch.cuda.memory_allocated() - before
+    recorder = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True)
+    with quiet_native_stderr():
+        recorder.__enter__()
+    try:
+        step()
+    finally:
+        with quiet_native_stderr():
+            recorder.__exit__(None, None, None)
+    return replay(cpu_allocations(recorder.profiler.kineto_results.experimental_event_tree()))

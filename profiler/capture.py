@@ -29,6 +29,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 # functional_call without calling the module: the root's own hooks stay out of the trace.
 from torch.nn.utils.stateless import _reparametrize_module
 
+from .allocations import allocated_while, quiet_native_stderr
 from .inputs import InputLayout, TensorSpec, input_layout
 from .state import cuda_devices, preserved_state
 
@@ -89,11 +90,15 @@ class Placeholder:
 
 @dataclass(frozen=True)
 class LossInfo:
-    """The planning loss, run eagerly once: its cost and which model outputs it differentiates."""
+    """The planning loss, run eagerly: its cost and which model outputs it differentiates.
+
+    ``workspace_bytes``: the most the loss and its gradient allocate at once beyond the gradients
+    they hand back (a cross-entropy's log-softmax, say), measured; 0 when not measured."""
 
     seconds: float
     tangent_outputs: tuple[int, ...]  # indices into the model's tensor outputs
     tangent_specs: tuple[TensorSpec, ...]
+    workspace_bytes: int = 0
 
 
 @dataclass
@@ -151,11 +156,10 @@ def _run_planning_loss(model, args, kwargs, loss_fn, repeats: int = 3) -> tuple[
     del output, leaves
     tensors = [detached[i] for i in tensor_positions]
     differentiable = [i for i, t in enumerate(tensors) if t.requires_grad]
-    sync = torch.cuda.synchronize if any(t.is_cuda for t in tensors) else (lambda: None)
-    times, grads = [], None
-    for _ in range(repeats):
-        sync()
-        start = time.perf_counter()
+    cuda = any(t.is_cuda for t in tensors)
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+
+    def loss_and_gradients() -> tuple:
         try:
             loss = loss_fn(pytree.tree_unflatten(detached, spec))
         except Exception as error:
@@ -164,9 +168,23 @@ def _run_planning_loss(model, args, kwargs, loss_fn, repeats: int = 3) -> tuple[
             raise CaptureError(f"loss_fn must return a scalar floating-point tensor, got {_describe(loss)}")
         if not loss.requires_grad:
             raise CaptureError("the loss does not depend on any output of the model that requires grad")
-        grads = torch.autograd.grad(loss, [tensors[i] for i in differentiable], allow_unused=True)
+        return torch.autograd.grad(loss, [tensors[i] for i in differentiable], allow_unused=True)
+
+    times, grads = [], None
+    for _ in range(repeats):
+        sync()
+        start = time.perf_counter()
+        grads = loss_and_gradients()
         sync()
         times.append(time.perf_counter() - start)
+    del grads
+    # Outside the traced graph the loss's intermediates would go uncounted: with a cross-entropy on
+    # a language model's logits, a log-softmax as large as the logits. (Quiet: torch warns on stderr
+    # when a block allocated before the recording is released in it; the loss ran visibly above.)
+    kept: list = []
+    with quiet_native_stderr():
+        peak, left = allocated_while(lambda: kept.append(loss_and_gradients()), cuda=cuda)
+    grads = kept.pop()
     used = [(i, g) for i, g in zip(differentiable, grads) if g is not None]
     if not used:
         raise CaptureError("the loss does not depend on any output of the model")
@@ -174,6 +192,7 @@ def _run_planning_loss(model, args, kwargs, loss_fn, repeats: int = 3) -> tuple[
         seconds=sorted(times)[len(times) // 2],
         tangent_outputs=tuple(i for i, _ in used),
         tangent_specs=tuple(TensorSpec.of(g) for _, g in used),
+        workspace_bytes=max(0, peak - left),
     )
     return info, [g.detach() for _, g in used]
 

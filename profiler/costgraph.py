@@ -99,8 +99,8 @@ def build_cost_graph(joint: JointGraph, grouping: Grouping, times: OpTimes) -> n
 
     def add_loss():
         cost.add_node(
-            LOSS, cost=float(joint.loss.seconds), mem=int(tangent_bytes), workspace=0, pinned=True,
-            output=True, kind="loss", module="", ops=0, random=False,
+            LOSS, cost=float(joint.loss.seconds), mem=int(tangent_bytes), workspace=int(joint.loss.workspace_bytes),
+            structural_workspace=0, pinned=True, output=True, kind="loss", module="", ops=0, random=False,
         )
 
     for group in grouping.groups:

@@ -17,7 +17,7 @@ from typing import Callable
 import torch
 import torch.utils._pytree as pytree
 
-from .allocations import cpu_allocations, replay
+from .allocations import allocated_while
 from .capture import default_loss
 from .inputs import normalise_inputs
 from .state import cuda_devices, preserved_state
@@ -45,14 +45,6 @@ def resident_bytes(model: torch.nn.Module, tensors=()) -> int:
             storage = t.untyped_storage()
             seen[(t.device, storage.data_ptr())] = storage.nbytes()
     return sum(seen.values())
-
-
-def _cpu_allocation_peak(step: Callable[[], None]) -> int:
-    """Most bytes live at once among the allocations made during ``step`` (replayed in order)."""
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
-        step()
-    peak, _ = replay(cpu_allocations(prof.profiler.kineto_results.experimental_event_tree()))
-    return peak
 
 
 def _training_step(model, args, kwargs, loss_fn) -> Callable[[], None]:
@@ -88,15 +80,7 @@ def measure_step(model: torch.nn.Module, example_inputs, loss_fn: Callable | Non
         for p in model.parameters():
             p.grad = None
         resident = resident_bytes(model, tensors)
-        if devices:
-            sync()
-            torch.cuda.reset_peak_memory_stats()
-            before = torch.cuda.memory_allocated()
-            step()
-            sync()
-            step_peak = torch.cuda.max_memory_allocated() - before
-        else:
-            step_peak = _cpu_allocation_peak(step)
+        step_peak, _ = allocated_while(step, cuda=bool(devices))
         times = []
         for _ in range(repeats):
             sync()
