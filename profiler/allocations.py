@@ -50,19 +50,20 @@ def replay(allocations: Iterable[tuple[int, int]]) -> tuple[int, int]:
     return peak, live
 
 
-def allocated_while(step: Callable[[], object], cuda: bool = False) -> tuple[int, int]:
+def allocated_while(step: Callable[[], object], cuda_device: int | None = None) -> tuple[int, int]:
     """(most bytes allocated at once on top of what was allocated when ``step`` began, bytes it left
-    allocated): on CPU from the allocator's events, on CUDA from ``max_memory_allocated`` of the
-    current device."""
+    allocated): on CPU (``cuda_device`` None) from the allocator's events, else from the CUDA
+    caching allocator's statistics of that device."""
     import torch
 
-    if cuda:
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        before = torch.cuda.memory_allocated()
+    if cuda_device is not None:
+        torch.cuda.synchronize(cuda_device)
+        torch.cuda.reset_peak_memory_stats(cuda_device)
+        before = torch.cuda.memory_allocated(cuda_device)
         step()
-        torch.cuda.synchronize()
-        return torch.cuda.max_memory_allocated() - before, torch.cuda.memory_allocated() - before
+        torch.cuda.synchronize(cuda_device)
+        return (torch.cuda.max_memory_allocated(cuda_device) - before,
+                torch.cuda.memory_allocated(cuda_device) - before)
     recorder = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True)
     with quiet_native_stderr():
         recorder.__enter__()

@@ -156,8 +156,8 @@ def _run_planning_loss(model, args, kwargs, loss_fn, repeats: int = 3) -> tuple[
     del output, leaves
     tensors = [detached[i] for i in tensor_positions]
     differentiable = [i for i, t in enumerate(tensors) if t.requires_grad]
-    cuda = any(t.is_cuda for t in tensors)
-    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    on_cuda = cuda_devices(tensors)
+    sync = torch.cuda.synchronize if on_cuda else (lambda: None)
 
     def loss_and_gradients() -> tuple:
         try:
@@ -183,7 +183,7 @@ def _run_planning_loss(model, args, kwargs, loss_fn, repeats: int = 3) -> tuple[
     # when a block allocated before the recording is released in it; the loss ran visibly above.)
     kept: list = []
     with quiet_native_stderr():
-        peak, left = allocated_while(lambda: kept.append(loss_and_gradients()), cuda=cuda)
+        peak, left = allocated_while(lambda: kept.append(loss_and_gradients()), on_cuda[0] if on_cuda else None)
     grads = kept.pop()
     used = [(i, g) for i, g in zip(differentiable, grads) if g is not None]
     if not used:

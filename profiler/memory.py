@@ -80,7 +80,7 @@ def measure_step(model: torch.nn.Module, example_inputs, loss_fn: Callable | Non
         for p in model.parameters():
             p.grad = None
         resident = resident_bytes(model, tensors)
-        step_peak, _ = allocated_while(step, cuda=bool(devices))
+        step_peak, _ = allocated_while(step, devices[0] if devices else None)
         times = []
         for _ in range(repeats):
             sync()
