@@ -29,6 +29,8 @@ def saved_rng_bytes(graph) -> int:
 
 
 def held_besides_schedule(graph) -> int:
-    """Bytes a planned step holds throughout, besides the schedule's results: ``fixed_bytes`` plus
-    :func:`saved_rng_bytes`."""
-    return int(graph.graph["fixed_bytes"]) + saved_rng_bytes(graph)
+    """Bytes a planned step holds throughout, besides the schedule's results: ``fixed_bytes``,
+    :func:`saved_rng_bytes` and the caller's loss value with its backward's seed
+    (``loss_value_bytes``: from the loss on, counted throughout; 8 bytes was the whole of a
+    measured peak's excess over its plan's prediction)."""
+    return int(graph.graph["fixed_bytes"]) + saved_rng_bytes(graph) + int(graph.graph.get("loss_value_bytes", 0))

@@ -31,6 +31,7 @@ from torch.nn.utils.stateless import _reparametrize_module
 
 from .allocations import allocated_while, quiet_native_stderr
 from .inputs import InputLayout, TensorSpec, input_layout
+from .measure import storage_bytes
 from .state import cuda_devices, preserved_state
 
 
@@ -93,12 +94,15 @@ class LossInfo:
     """The planning loss, run eagerly: its cost and which model outputs it differentiates.
 
     ``workspace_bytes``: the most the loss and its gradient allocate at once beyond the gradients
-    they hand back (a cross-entropy's log-softmax, say), measured; 0 when not measured."""
+    they hand back (a cross-entropy's log-softmax, say), measured; ``value_bytes``: what the caller
+    holds from the loss on beyond those gradients (the loss value, and the gradient autograd seeds
+    its backward with); both 0 when not measured."""
 
     seconds: float
     tangent_outputs: tuple[int, ...]  # indices into the model's tensor outputs
     tangent_specs: tuple[TensorSpec, ...]
     workspace_bytes: int = 0
+    value_bytes: int = 0
 
 
 @dataclass
@@ -168,9 +172,10 @@ def _run_planning_loss(model, args, kwargs, loss_fn, repeats: int = 3) -> tuple[
             raise CaptureError(f"loss_fn must return a scalar floating-point tensor, got {_describe(loss)}")
         if not loss.requires_grad:
             raise CaptureError("the loss does not depend on any output of the model that requires grad")
+        values.append(_loss_value_bytes(loss, tensors))
         return torch.autograd.grad(loss, [tensors[i] for i in differentiable], allow_unused=True)
 
-    times, grads = [], None
+    times, grads, values = [], None, []
     for _ in range(repeats):
         sync()
         start = time.perf_counter()
@@ -193,8 +198,19 @@ def _run_planning_loss(model, args, kwargs, loss_fn, repeats: int = 3) -> tuple[
         tangent_outputs=tuple(i for i, _ in used),
         tangent_specs=tuple(TensorSpec.of(g) for _, g in used),
         workspace_bytes=max(0, peak - left),
+        value_bytes=values[-1],
     )
     return info, [g.detach() for _, g in used]
+
+
+def _loss_value_bytes(loss: torch.Tensor, outputs: list[torch.Tensor]) -> int:
+    """Bytes the caller holds from the loss through the backward: the loss value and the gradient
+    of the same size that ``loss.backward()`` seeds with (8 bytes for a float32 mean); 0 when
+    the loss is a model output (``out.loss``): its seed is that output's tangent, counted already."""
+    storage = loss.untyped_storage()
+    if any(t.untyped_storage().data_ptr() == storage.data_ptr() for t in outputs):
+        return 0
+    return 2 * storage_bytes(loss)
 
 
 def _first_line(error: BaseException) -> str:

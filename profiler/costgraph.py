@@ -91,7 +91,10 @@ def build_cost_graph(joint: JointGraph, grouping: Grouping, times: OpTimes) -> n
     tangent_bytes = sum(
         spec_bytes(spec, joint) for spec in joint.loss.tangent_specs
     )
-    cost = nx.DiGraph(fixed_bytes=fixed_bytes, loss_node=LOSS)
+    # The caller's loss value (and its backward's seed) is held from the loss on: counted with what
+    # the step holds throughout (planner/footprint.py), a few bytes early, so the fingerprint of a
+    # graph the runtime rebuilds without running the loss stays the same.
+    cost = nx.DiGraph(fixed_bytes=fixed_bytes, loss_node=LOSS, loss_value_bytes=int(joint.loss.value_bytes))
     loss_added = False
     extractions_of: dict[str, list] = {}
     for extraction in grouping.extractions:
