@@ -262,6 +262,11 @@ def graph_from_dict(data: dict) -> nx.DiGraph:
     from solvers import validate
 
     validate(graph)
+    # Read by the fingerprint and the planner only, so not checked by validate.
+    for _, attributes in graph.nodes(data=True):
+        if "structural_workspace" in attributes:
+            _whole(attributes["structural_workspace"])
+    _whole(graph.graph.get("loss_value_bytes", 0))
     return graph
 
 

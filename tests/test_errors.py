@@ -343,6 +343,9 @@ CORRUPTIONS = {
     "unknown dtype": lambda text: _corrupt(text, lambda d: d["tangent_specs"][0].update(dtype="load")),
     "tangent index as text": lambda text: _corrupt(text, lambda d: d.update(tangent_outputs="0")),
     "autocast as a number": lambda text: _corrupt(text, lambda d: d.update(autocast=1)),
+    "no structural workspace": lambda text: _corrupt(text, lambda d: next(
+        n for n in d["graph"]["nodes"] if "structural_workspace" in n).update(structural_workspace=None)),
+    "loss value as text": lambda text: _corrupt(text, lambda d: d["graph"]["attributes"].update(loss_value_bytes="8")),
 }
 
 
