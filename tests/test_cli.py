@@ -63,7 +63,7 @@ def assert_clean_error(result, code, *phrases):
 
 def test_plans_a_model_file_and_writes_the_plan(tmp_path):
     out = tmp_path / "plans" / "plan.json"
-    result = run(model_file(tmp_path), "--budget", "90%", "--out", out)
+    result = run(model_file(tmp_path), "--budget", "90%", "--out", out, "--time-limit", "5")
     assert result.returncode == 0, result.stderr
     for phrase in ("Predicted peak", "without checkpointing", "Predicted time", "Kept for backward", "Recomputed"):
         assert phrase in result.stdout
