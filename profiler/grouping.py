@@ -32,8 +32,8 @@ from .measure import storage_bytes
 
 # Classes of exported values; a group or extraction node holds values of one class.
 NORMAL, MODEL_OUTPUT, GRADIENT, MUTATION = "normal", "model_output", "gradient", "mutation"
-# A forward group's values that the backward reads, held apart from its larger values that only
-# the forward reads (batch norm's mean and inverse std, not its output): an extraction class.
+# A forward group's values that the backward reads, held apart from those only the forward reads
+# (batch norm's mean and inverse std, not its output; a dropout's noise, not its output).
 SAVED = "saved"
 # Values are held apart only when those only the forward reads are at least this many times larger:
 # while the group and its extraction are both held, the held-apart values count twice (a short,
@@ -254,7 +254,8 @@ def group_graph(joint: JointGraph, depth: int | None) -> Grouping:
 
     # 4. Exports; a group whose exports mix classes keeps the ordinary ones and hands each special
     # class to an extraction node, so that holding a gradient does not hold an activation; a
-    # forward group also hands the small values only its backward reads to a SAVED extraction.
+    # forward group also hands the values only its backward reads to a SAVED extraction when the
+    # rest are at least as large (_saved_apart).
     extractions: list[Extraction] = []
     backward_holder: dict[str, str] = {}
     phase_of = {group.id: group.phase for group in groups}
@@ -298,8 +299,9 @@ def _saved_apart(group: Group, ordinary: list[str], readers: dict[str, set[str]]
     read from their extraction, the benchmark U-Net's store-all peak went from 241.9 MiB to
     183.9 MiB, eager's (either change alone: no gain); held apart at 1:1 (the dropouts' output and
     noise are the same size), the benchmark GPT-2's and BERT's store-all went from 493.5 and
-    425.8 MiB to 481.5 and 412.8 (eager: 481.4 and 412.7; the ratio was 8 before). Done when the values the backward does not read are
-    :data:`SAVED_APART_RATIO` times the bytes of those it reads, or more.
+    425.8 MiB to 481.5 and 412.8 (eager: 481.4 and 412.7; the ratio was 8 before). Done when the
+    values the backward does not read are :data:`SAVED_APART_RATIO` times the bytes of those it
+    reads, or more.
     """
     saved = [v for v in ordinary if any(phase_of.get(r) == "backward" for r in readers.get(v, ()))]
     transient = [v for v in ordinary if v not in saved]

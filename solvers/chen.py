@@ -15,8 +15,8 @@ start:
 
 Both work on each of :func:`solvers.chain.chain_views`, lower the chain sequence to a schedule of
 the full graph with :meth:`ChainView.lower`, and decide by :func:`solvers.simulate` alone: the
-chain model is conservative, so its sizes only guide the search. This module also holds what the chain
-heuristics share (:class:`Candidate`, :class:`Plan`, :func:`solve_by_plans`: store-all first, then
+chain model is conservative, so its sizes only guide the search. This module also holds what the
+chain heuristics share (:class:`Candidate`, :class:`Plan`, :func:`solve_by_plans`: store-all first, then
 the cheapest candidate that fits, else ``Infeasible``); ``solvers.revolve`` uses it.
 """
 
@@ -409,8 +409,8 @@ def solve_chen_greedy(graph, budget: int, time_limit: float | None = None, **opt
     walked from the input and from the loss, and the sqrt(L) split) on each of the graph's
     :func:`~solvers.chain.chain_views`; they do not depend on the budget. Returns store-all when it
     fits (``optimal``), else the cheapest plan whose simulated peak fits (``heuristic``); raises
-    :class:`Infeasible` with ``min_budget`` = the least simulated peak over the plans and store-all. ``time_limit`` is accepted and unused (the search is a fixed
-    set of a few dozen plans).
+    :class:`Infeasible` with ``min_budget`` = the least simulated peak over the plans and store-all.
+    ``time_limit`` is accepted and unused (the search is a fixed set of a few dozen plans).
     """
 
     def candidates(view: ChainView) -> list[Candidate]:

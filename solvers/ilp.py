@@ -2,8 +2,9 @@
 
 Checkmate (§4 of the paper) fixes the order of *first* computations to one topological order
 (here the cheapest warm start's, else :func:`solvers.graph.topological_order`; nodes renamed
-``0..n-1`` in it) and splits the schedule into ``n`` stages: stage ``t`` recomputes some earlier nodes in ascending index order and ends with
-the first computation of node ``t`` ("frontier-advancing" stages). Its variables:
+``0..n-1`` in it) and splits the schedule into ``n`` stages: stage ``t`` recomputes some earlier
+nodes in ascending index order and ends with the first computation of node ``t``
+("frontier-advancing" stages). Its variables:
 
 - ``R[t,i]`` (binary): node ``i`` is computed in stage ``t``; the objective is the sum of
   ``cost[i] * R[t,i]``;
