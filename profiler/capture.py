@@ -30,6 +30,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from torch.nn.utils.stateless import _reparametrize_module
 
 from .allocations import allocated_while, quiet_native_stderr
+from .fusions import fuse_cross_entropy_backward
 from .inputs import InputLayout, TensorSpec, input_layout
 from .measure import storage_bytes
 from .state import cuda_devices, preserved_state
@@ -377,6 +378,8 @@ def capture(
             "(no data-dependent Python control flow on tensor values).",
             reason=reason,
         ) from error
+    # The profiler measures, and the runtime runs, the rewritten graph: both capture through here.
+    fuse_cross_entropy_backward(functional)
     tensor_positions = seen["positions"]
     grad_targets_present = seen["present"]
 
