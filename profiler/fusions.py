@@ -25,9 +25,11 @@ aten = torch.ops.aten
 
 # torch's Reduction enum, as nll_loss_backward receives it.
 REDUCTION_NONE = 0
-# Rows of the dense intermediate computed at once (bytes): the fused op's scratch. Smaller chunks
-# cost a Python loop iteration and two kernel launches each.
+# The dense intermediate is computed CHUNK_BYTES of rows at a time, or in at most MAX_CHUNKS chunks
+# when that is larger: the fused op's scratch, against a loop iteration and two kernel launches a
+# chunk (1.6% of a logits tensor of 64 MiB or more, which on a GPU can be gigabytes).
 CHUNK_BYTES = 1 << 20
+MAX_CHUNKS = 64
 
 
 @torch.library.custom_op("plan_checkpoints::cross_entropy_backward", mutates_args=())
@@ -36,14 +38,15 @@ def cross_entropy_backward(grad_output: torch.Tensor, log_probs: torch.Tensor, t
                            total_weight: torch.Tensor) -> torch.Tensor:
     """``_log_softmax_backward_data(nll_loss_backward(grad_output, log_probs, target, weight,
     reduction, ignore_index, total_weight), log_probs, 1, log_probs.dtype)``, holding the dense
-    intermediate for :data:`CHUNK_BYTES` of rows at a time instead of all of it.
+    intermediate for a chunk of rows at a time (:data:`CHUNK_BYTES`, :data:`MAX_CHUNKS`) instead of
+    all of it.
 
     ``log_probs``: (rows, classes); ``target``: (rows,) class indices; ``grad_output``: () or, for
     reduction "none", (rows,). Each chunk runs torch's own two kernels, whose results do not depend
     on the other rows, so the gradient is bit-for-bit torch's.
     """
     rows, classes = log_probs.shape
-    rows_per_chunk = max(1, CHUNK_BYTES // max(1, classes * log_probs.element_size()))
+    rows_per_chunk = max(1, CHUNK_BYTES // max(1, classes * log_probs.element_size()), -(-rows // MAX_CHUNKS))
     gradient = torch.empty_like(log_probs)
     for start in range(0, rows, rows_per_chunk):
         chunk = slice(start, min(rows, start + rows_per_chunk))

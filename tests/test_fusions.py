@@ -19,9 +19,11 @@ def unfused(grad_output, log_probs, target, weight, reduction, ignore_index, tot
 
 @pytest.mark.parametrize("reduction", [0, 1, 2])
 @pytest.mark.parametrize("weighted", [False, True])
-def test_fused_backward_is_torchs_to_the_bit(reduction, weighted, monkeypatch):
-    # Small chunks, and a row count they do not divide, so that the last chunk is short.
-    monkeypatch.setattr("profiler.fusions.CHUNK_BYTES", 3 * 100 * 4)
+@pytest.mark.parametrize("chunk_bytes, max_chunks", [(3 * 100 * 4, 64), (1, 4)])
+def test_fused_backward_is_torchs_to_the_bit(reduction, weighted, chunk_bytes, max_chunks, monkeypatch):
+    # Chunks of 3 rows (by bytes) or of 10 (at most 4 chunks), neither dividing the 37 rows.
+    monkeypatch.setattr("profiler.fusions.CHUNK_BYTES", chunk_bytes)
+    monkeypatch.setattr("profiler.fusions.MAX_CHUNKS", max_chunks)
     generator = torch.Generator().manual_seed(reduction)
     log_probs = torch.log_softmax(torch.randn(37, 100, generator=generator), 1)
     target = torch.randint(0, 100, (37,), generator=generator)
