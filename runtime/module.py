@@ -190,8 +190,9 @@ def _bind(model: torch.nn.Module, plan, args: tuple, kwargs: dict) -> _Bound:
         graph = build_cost_graph(joint, grouping, OpTimes({}, 0, 0.0))
         if graph.graph["fingerprint"] != plan.fingerprint:
             raise PlanMismatch(
-                "this plan was made for a different model or different input shapes (graph fingerprint "
-                f"{plan.fingerprint}, this model gives {graph.graph['fingerprint']}); make a new plan for it"
+                "this plan was made for a different model or different input shapes, or by an earlier "
+                f"plan-checkpoints that traced the step differently (graph fingerprint {plan.fingerprint}, "
+                f"this model gives {graph.graph['fingerprint']}); make a new plan for it"
             )
     outcome = simulate(graph, plan.schedule)
     if not outcome.valid:  # a plan file whose schedule was edited: refuse before running any of it
