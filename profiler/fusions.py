@@ -72,10 +72,12 @@ def _through_detach(node: fx.Node) -> fx.Node:
 def _fusable(softmax_backward: fx.Node) -> bool:
     """A log-softmax backward over the classes of an ``nll_loss_backward`` that nothing else reads,
     both over the same log-probabilities, in one dtype."""
+    if softmax_backward.kwargs or len(softmax_backward.args) != 4:
+        return False
     grad, output, dim, input_dtype = softmax_backward.args
     if not (isinstance(grad, fx.Node) and grad.op == "call_function" and grad.target is aten.nll_loss_backward.default):
         return False
-    if len(grad.users) != 1:
+    if grad.kwargs or len(grad.args) != 7 or len(grad.users) != 1:
         return False
     log_probs = output.meta.get("val")
     if not isinstance(log_probs, torch.Tensor) or log_probs.dim() != 2:
