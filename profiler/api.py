@@ -13,6 +13,7 @@ import torch
 
 from .capture import JointGraph, autocast_disabled, capture
 from .costgraph import build_cost_graph
+from .fusions import recompute_log_probs, recomputed_times
 from .grouping import Grouping, group_graph
 from .inputs import normalise_inputs
 from .measure import OpTimes, time_ops
@@ -64,6 +65,22 @@ class Profile:
         graph = build_cost_graph(self.joint, grouping, self.times)
         _annotate(graph, self.device, label)
         return Profile(graph, self.joint, grouping, self.times, label, self.device, self.seconds)
+
+    def with_log_probs_recomputed(self) -> "Profile | None":
+        """The same measurements on the trace whose cross-entropy backward recomputes the
+        log-probabilities from the logits (profiler/fusions.py): a logits' worth less held through
+        the loss, a log-softmax's time more. None when the step has no such loss, or for a profile
+        without its trace."""
+        if self.joint is None or self.times is None or self.joint.log_probs_recomputed:
+            return None
+        joint = recompute_log_probs(self.joint)
+        if joint is None:
+            return None
+        times = recomputed_times(joint, self.times)
+        grouping, label = choose_grouping(joint, self.granularity)
+        graph = build_cost_graph(joint, grouping, times)
+        _annotate(graph, self.device, label)
+        return Profile(graph, joint, grouping, times, label, self.device, self.seconds)
 
     def finer(self) -> list["Profile"]:
         """The same measurements at every finer granularity (deeper module paths, then single ops),

@@ -131,6 +131,9 @@ class JointGraph:
     capture_seconds: float = 0.0
     module_names: dict = field(default_factory=dict)
     autocast: str = ""  # autocast_state() while tracing: the graph contains its casts
+    # The cross-entropy backward recomputes the log-probabilities from the logits
+    # (profiler/fusions.py: recompute_log_probs); the runtime must rewrite its trace the same way.
+    log_probs_recomputed: bool = False
 
 
 def default_loss(output) -> torch.Tensor:

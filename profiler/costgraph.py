@@ -25,6 +25,9 @@ from .grouping import GRADIENT, MODEL_OUTPUT, MUTATION, Grouping, _tensors
 from .measure import OpTimes, storage_bytes
 
 LOSS = "loss"
+# Graph attribute: the trace's cross-entropy backward recomputes its log-probabilities from the
+# logits (profiler/fusions.py); plans of such a graph must be run on a trace rewritten the same way.
+LOG_PROBS_RECOMPUTED = "log_probs_recomputed"
 
 
 def _value_storages(graph: fx.Graph) -> dict[str, dict]:
@@ -95,6 +98,8 @@ def build_cost_graph(joint: JointGraph, grouping: Grouping, times: OpTimes) -> n
     # the step holds throughout (planner/footprint.py), a few bytes early, so the fingerprint of a
     # graph the runtime rebuilds without running the loss stays the same.
     cost = nx.DiGraph(fixed_bytes=fixed_bytes, loss_node=LOSS, loss_value_bytes=int(joint.loss.value_bytes))
+    if joint.log_probs_recomputed:
+        cost.graph[LOG_PROBS_RECOMPUTED] = True
     loss_added = False
     extractions_of: dict[str, list] = {}
     for extraction in grouping.extractions:
@@ -181,5 +186,8 @@ def fingerprint(graph: nx.DiGraph) -> str:
             int(workspace), bool(data.get("output", False)), bool(data.get("pinned", False)),
         ])
     entries.sort()
-    text = json.dumps({"nodes": entries, "fixed_bytes": graph.graph.get("fixed_bytes", 0)}, sort_keys=True)
+    identity = {"nodes": entries, "fixed_bytes": graph.graph.get("fixed_bytes", 0)}
+    if graph.graph.get(LOG_PROBS_RECOMPUTED):  # a different trace of the step, even where the sizes agree
+        identity[LOG_PROBS_RECOMPUTED] = True
+    text = json.dumps(identity, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]

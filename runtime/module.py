@@ -22,7 +22,8 @@ import torch
 import torch.utils._pytree as pytree
 
 from profiler.capture import JointGraph, LossInfo, autocast_disabled, autocast_state, capture
-from profiler.costgraph import build_cost_graph
+from profiler.costgraph import LOG_PROBS_RECOMPUTED, build_cost_graph
+from profiler.fusions import recompute_log_probs
 from profiler.inputs import InputMismatch, input_layout
 from profiler.measure import OpTimes
 from profiler.api import choose_grouping
@@ -186,6 +187,10 @@ def _bind(model: torch.nn.Module, plan, args: tuple, kwargs: dict) -> _Bound:
             )
         loss = LossInfo(0.0, tuple(plan.tangent_outputs), tuple(plan.tangent_specs))
         joint, _ = capture(model, args, kwargs, loss=loss)
+        planned_graph = getattr(plan, "graph", None)
+        if planned_graph is not None and planned_graph.graph.get(LOG_PROBS_RECOMPUTED):
+            # Without such a loss the rewrite finds nothing and the fingerprints below disagree.
+            joint = recompute_log_probs(joint) or joint
         grouping, _ = choose_grouping(joint, plan.granularity)
         graph = build_cost_graph(joint, grouping, OpTimes({}, 0, 0.0))
         if graph.graph["fingerprint"] != plan.fingerprint:

@@ -91,3 +91,45 @@ def test_the_fused_step_peaks_a_logits_lower_than_eager_with_the_same_gradients(
     expected = gradients(model)
     got = gradients(planned_module)
     assert all(torch.equal(expected[name], got[name]) for name in expected)
+
+
+class LanguageModelReturningLogits(TinyLanguageModel):
+    """As Hugging Face's: the loss and the logits, which the caller then holds to the end."""
+
+    def forward(self, ids, labels):
+        logits = self.head(torch.relu(self.hidden(self.embed(ids))))
+        return F.cross_entropy(logits, labels, ignore_index=-100), logits
+
+
+def test_a_budget_only_recomputed_log_probabilities_meet_is_planned_on_them(tmp_path):
+    """With the logits held as an output, the loss's moment holds logits, log-probabilities and the
+    logits' gradient (3 x 8 MiB here) whatever is recomputed; reading the logits again instead of
+    holding the log-probabilities makes it 2 x 8 MiB and two chunks. At a budget only that meets,
+    the plan is made on that trace; at 100% it is not."""
+    torch.manual_seed(0)
+    model, batch = LanguageModelReturningLogits(), language_batch()
+    loss = lambda out: out[0]  # noqa: E731
+    profile = profiler.profile(model, batch, loss_fn=loss)
+    recomputed = profile.with_log_probs_recomputed()
+    assert recomputed.graph.graph["log_probs_recomputed"]
+    assert recomputed.fingerprint != profile.fingerprint
+    budget = planner.plan(model, batch, budget="100%", solver="store-all", profile=recomputed).predicted_peak_bytes
+    assert budget <= planner.plan(model, batch, budget="100%", profile=profile).predicted_peak_bytes - 6 * 2**20
+
+    plan = planner.plan(model, batch, budget=budget, loss_fn=loss, profile=profile)
+    assert plan.graph.graph.get("log_probs_recomputed")
+    plan.save(tmp_path / "plan.json")
+    planned_module = planner.apply(model, planner.load(tmp_path / "plan.json"))
+    measured = profiler.measure_step(planned_module, batch, loss_fn=loss, repeats=1).peak_bytes
+    assert measured <= budget
+    assert abs(measured - plan.predicted_peak_bytes) <= 0.01 * measured
+
+    def gradients(module):
+        module.zero_grad(set_to_none=True)
+        loss(module(**batch)).backward()
+        return {name: p.grad.clone() for name, p in model.named_parameters()}
+
+    expected = gradients(model)
+    got = gradients(planned_module)
+    assert all(torch.equal(expected[name], got[name]) for name in expected)
+    assert not planner.plan(model, batch, budget="100%", profile=profile).graph.graph.get("log_probs_recomputed")
