@@ -53,7 +53,10 @@ def plan(
     plan every finer grouping of the same measurements and the cheapest schedule wins
     (planner/granularity.py); the plan records the grouping it schedules.
 
-    Raises :class:`BudgetInfeasible` (with ``min_budget``) when the budget cannot be met.
+    A budget out of reach is tried again on the trace whose cross-entropy backward recomputes its
+    log-probabilities from the logits (profiler/fusions.py); the plan records which trace it runs.
+    Raises :class:`BudgetInfeasible` (with ``min_budget``, the lower of the two) when the budget
+    cannot be met.
 
     A model whose forward the tracer cannot follow (Python control flow on tensor values) gets a
     :class:`planner.fallback.ModuleChainPlan` instead, with a :class:`FallbackWarning`: whole blocks
