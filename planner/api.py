@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Callable
 
 import torch
@@ -131,12 +132,15 @@ def _solve(profile, budget_bytes: int, solver: str, time_limit, search: bool):
         if recomputed is None:
             raise
         try:
-            return solve_over_groupings(recomputed, budget_bytes, solver, time_limit, finer=search)
+            solved = solve_over_groupings(recomputed, budget_bytes, solver, time_limit, finer=search)
         except Infeasible as again:
             def minimum(e: Infeasible) -> float:
                 return float("inf") if e.min_budget is None else e.min_budget
 
             raise (again if minimum(again) < minimum(error) else error) from None
+        note = "the loss's backward recomputes its log-probabilities from the logits (the budget needs it)"
+        message = "; ".join(m for m in (solved.schedule.info.message, note) if m)
+        return replace(solved, schedule=solved.schedule.with_info(message=message))
 
 
 def _minimum_budget(profile, solver: str, time_limit, search: bool, unplanned_peak: int) -> int:

@@ -118,6 +118,7 @@ def test_a_budget_only_recomputed_log_probabilities_meet_is_planned_on_them(tmp_
 
     plan = planner.plan(model, batch, budget=budget, loss_fn=loss, profile=profile)
     assert plan.graph.graph.get("log_probs_recomputed")
+    assert "recomputes its log-probabilities" in plan.schedule.info.message
     plan.save(tmp_path / "plan.json")
     planned_module = planner.apply(model, planner.load(tmp_path / "plan.json"))
     measured = profiler.measure_step(planned_module, batch, loss_fn=loss, repeats=1).peak_bytes
