@@ -9,6 +9,10 @@ logits and the log-probabilities: that moment is the peak of a checkpointed lang
 BERT: 4 x the logits' bytes; Hugging Face's per-layer checkpointing peaks there).
 :func:`cross_entropy_backward` runs the same two kernels a chunk of rows at a time into the result,
 so the dense intermediate never exists whole: 3 x the logits' bytes, the same bits.
+:func:`recompute_log_probs` gives a second trace whose backward reads the logits instead and
+recomputes the log-probabilities a chunk at a time: 2 x the logits' bytes when the logits are held
+anyway (a model output), for one more log-softmax; the planner turns to it when a budget is out of
+reach on the first.
 
 (A closed form, ``exp(log_probs) * -c`` plus ``c`` at the targets, would need no intermediate at all,
 but torch's log-softmax backward computes its exp with a faster, less exact kernel than
@@ -161,7 +165,7 @@ def _log_softmax_read_by(fused: fx.Node) -> fx.Node | None:
     source = _through_detach(fused.args[1])
     if source.op != "call_function" or source.target is not aten._log_softmax.default:
         return None
-    logits, dim, half_to_float = source.args
+    _, dim, half_to_float = source.args
     return source if dim in (1, -1) and half_to_float is False else None
 
 
@@ -184,7 +188,7 @@ def recompute_log_probs(joint: "JointGraph") -> "JointGraph | None":
     if not replaced:
         return None
     unread = [n for n in graph.nodes if n.op == "call_function" and n.target is aten.detach.default and not n.users]
-    while unread:  # the detaches the fused op read the log-probabilities through
+    while unread:  # detaches nothing reads now: those the fused op read the log-probabilities through
         node = unread.pop()
         parent = node.args[0]
         graph.erase_node(node)
