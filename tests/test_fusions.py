@@ -59,6 +59,18 @@ def language_batch(vocab: int = 4096, rows: int = 512):
     return {"ids": ids, "labels": labels}
 
 
+def same_gradients(model, planned_module, batch, loss) -> bool:
+    """Whether one step of each leaves the same parameter gradients, to the bit."""
+
+    def gradients(module):
+        model.zero_grad(set_to_none=True)
+        loss(module(**batch)).backward()
+        return {name: p.grad.clone() for name, p in model.named_parameters()}
+
+    expected, got = gradients(model), gradients(planned_module)
+    return all(torch.equal(expected[name], got[name]) for name in expected)
+
+
 def test_the_cross_entropy_in_the_graph_is_fused():
     torch.manual_seed(0)
     model, batch = TinyLanguageModel(), language_batch()
@@ -82,15 +94,7 @@ def test_the_fused_step_peaks_a_logits_lower_than_eager_with_the_same_gradients(
     planned = profiler.measure_step(planned_module, batch, loss_fn=loss, repeats=1).peak_bytes
     assert planned <= eager - 0.85 * logits_bytes
     assert abs(planned - plan.predicted_peak_bytes) <= 0.01 * planned
-
-    def gradients(module):
-        module.zero_grad(set_to_none=True)
-        module(**batch).backward()
-        return {name: p.grad.clone() for name, p in model.named_parameters()}
-
-    expected = gradients(model)
-    got = gradients(planned_module)
-    assert all(torch.equal(expected[name], got[name]) for name in expected)
+    assert same_gradients(model, planned_module, batch, loss)
 
 
 class LanguageModelReturningLogits(TinyLanguageModel):
@@ -124,13 +128,5 @@ def test_a_budget_only_recomputed_log_probabilities_meet_is_planned_on_them(tmp_
     measured = profiler.measure_step(planned_module, batch, loss_fn=loss, repeats=1).peak_bytes
     assert measured <= budget
     assert abs(measured - plan.predicted_peak_bytes) <= 0.01 * measured
-
-    def gradients(module):
-        module.zero_grad(set_to_none=True)
-        loss(module(**batch)).backward()
-        return {name: p.grad.clone() for name, p in model.named_parameters()}
-
-    expected = gradients(model)
-    got = gradients(planned_module)
-    assert all(torch.equal(expected[name], got[name]) for name in expected)
+    assert same_gradients(model, planned_module, batch, loss)
     assert not planner.plan(model, batch, budget="100%", profile=profile).graph.graph.get("log_probs_recomputed")
