@@ -55,7 +55,8 @@ def plan(
     (planner/granularity.py); the plan records the grouping it schedules.
 
     A budget out of reach is tried again on the trace whose cross-entropy backward recomputes its
-    log-probabilities from the logits (profiler/fusions.py); the plan records which trace it runs.
+    log-probabilities from the logits (profiler/fusions.py), with the same ``time_limit`` again; the
+    plan records which trace it runs.
     Raises :class:`BudgetInfeasible` (with ``min_budget``, the lower of the two) when the budget
     cannot be met.
 
