@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Callable
 
 import torch
@@ -16,7 +15,7 @@ from solvers.store_all import store_all_schedule
 from .budget import format_bytes, parse_budget
 from .fallback import FallbackWarning, ModuleChainPlan, plan_module_chain
 from .footprint import held_besides_schedule
-from .granularity import solve_over_groupings
+from .granularity import noted, solve_over_groupings
 from .planfile import Plan, load
 
 __all__ = ["BudgetInfeasible", "FallbackWarning", "SolverError", "Plan", "apply", "checkpoint", "load", "plan", "plan_untraceable"]
@@ -139,9 +138,8 @@ def _solve(profile, budget_bytes: int, solver: str, time_limit, search: bool):
                 return float("inf") if e.min_budget is None else e.min_budget
 
             raise (again if minimum(again) < minimum(error) else error) from None
-        note = "the loss's backward recomputes its log-probabilities from the logits (the budget needs it)"
-        message = "; ".join(m for m in (solved.schedule.info.message, note) if m)
-        return replace(solved, schedule=solved.schedule.with_info(message=message))
+        return noted(solved, "the loss's backward recomputes its log-probabilities from the logits: "
+                             "the budget needs it")
 
 
 def _minimum_budget(profile, solver: str, time_limit, search: bool, unplanned_peak: int) -> int:

@@ -16,7 +16,7 @@ per random node).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import profiler
 from solvers import Infeasible, Schedule, simulate, solve, total_cost
@@ -68,13 +68,16 @@ def store_all_on_some_grouping(profile: profiler.Profile, step_budget: int) -> S
     return None if best is None else _on_finer(best, profile)
 
 
+def noted(solved: Solved, note: str) -> Solved:
+    """``solved`` with ``note`` added to its schedule's message, in parentheses."""
+    message = solved.schedule.info.message
+    return replace(solved, schedule=solved.schedule.with_info(message=f"{message} ({note})" if message else note))
+
+
 def _on_finer(solved: Solved, profile: profiler.Profile) -> Solved:
     """``solved`` (on a finer grouping of ``profile``), its message saying so."""
-    info = solved.schedule.info
-    return Solved(solved.profile, solved.schedule.with_info(
-        message=f"{info.message} (planned on the {solved.profile.granularity} grouping; "
-                f"the profiler chose {profile.granularity})",
-    ), solved.predicted_peak_bytes)
+    return noted(solved, f"planned on the {solved.profile.granularity} grouping; "
+                         f"the profiler chose {profile.granularity}")
 
 
 def solve_on(profile: profiler.Profile, step_budget: int, method: str, time_limit: float | None) -> Solved:

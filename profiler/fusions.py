@@ -204,8 +204,9 @@ def recomputed_times(joint: "JointGraph", times: "OpTimes") -> "OpTimes":
     more, and one chunk of them more scratch."""
     seconds = dict(times.seconds)
     scratch = dict(times.scratch_bytes)
+    from_logits = torch.ops.plan_checkpoints.cross_entropy_backward_from_logits.default
     for node in joint.graph_module.graph.nodes:
-        if node.op == "call_function" and node.target is torch.ops.plan_checkpoints.cross_entropy_backward_from_logits.default:
+        if node.op == "call_function" and node.target is from_logits:
             source = next(u for u in node.args[1].users if u.target is aten._log_softmax.default)
             seconds[node.name] = seconds.get(node.name, 0.0) + seconds.get(source.name, 0.0)
             scratch[node.name] = scratch.get(node.name, 0) + chunk_bytes(node.args[1].meta["val"])
