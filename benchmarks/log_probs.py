@@ -11,7 +11,9 @@ second (it reads the logits, a model output, and recomputes them a chunk at a ti
 - the plan ``planner.plan`` makes halfway between the two least budgets, which only the second
   trace meets: its predicted and measured peak.
 
-Writes the table to docs/benchmarks/log-probs.md.
+First, the ops alone: the cross-entropy backward as autograd runs it, fused, fused recomputing the
+log-probabilities, and one log-softmax, on 1024 x 8192 logits (best of 7). Writes the table to
+docs/benchmarks/log-probs.md.
 """
 
 from __future__ import annotations
@@ -34,6 +36,50 @@ from planner.granularity import solve_over_groupings  # noqa: E402
 from solvers import Infeasible  # noqa: E402
 
 MiB = 2**20
+
+
+def op_times(rows: int = 1024, classes: int = 8192, repeats: int = 7) -> list[str]:
+    """Best-of-``repeats`` seconds of the cross-entropy backward as autograd runs it (two ops), as
+    the fused op, as the fused op recomputing the log-probabilities, and of one log-softmax."""
+    import time
+
+    from profiler.fusions import cross_entropy_backward, cross_entropy_backward_from_logits
+
+    aten = torch.ops.aten
+    generator = torch.Generator().manual_seed(0)
+    logits = torch.randn(rows, classes, generator=generator)
+    log_probs = torch.log_softmax(logits, 1)
+    target = torch.randint(0, classes, (rows,), generator=generator)
+    args = (torch.tensor(1.0), target, None, 1, -100, torch.tensor(float(rows)))
+
+    def two_ops():
+        dense = aten.nll_loss_backward(args[0], log_probs, *args[1:])
+        return aten._log_softmax_backward_data(dense, log_probs, 1, log_probs.dtype)
+
+    def best(run) -> float:
+        run()
+        times = []
+        for _ in range(repeats):
+            started = time.perf_counter()
+            run()
+            times.append(time.perf_counter() - started)
+        return min(times)
+
+    figures = {
+        "nll_loss_backward + _log_softmax_backward_data": best(two_ops),
+        "cross_entropy_backward (fused)": best(lambda: cross_entropy_backward(args[0], log_probs, *args[1:])),
+        "cross_entropy_backward_from_logits": best(lambda: cross_entropy_backward_from_logits(args[0], logits,
+                                                                                              *args[1:])),
+        "one log_softmax": best(lambda: torch.log_softmax(logits, 1)),
+    }
+    return [
+        f"The ops alone, on {rows} x {classes} float32 logits (best of {repeats}):",
+        "",
+        "| op | time |",
+        "|---|---|",
+        *(f"| {name} | {seconds * 1000:.1f} ms |" for name, seconds in figures.items()),
+        "",
+    ]
 
 
 def least_budget(profile, time_limit: float) -> int:
@@ -83,6 +129,7 @@ def main(argv=None) -> int:
         "Recomputed log-probabilities (`python benchmarks/log_probs.py`, "
         f"time limit {args.time_limit:g} s, torch {torch.__version__}, {torch.get_num_threads()} threads).",
         "",
+        *op_times(),
         "| model | figure | log-probabilities held | recomputed from the logits |",
         "|---|---|---|---|",
     ]

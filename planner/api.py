@@ -124,7 +124,8 @@ def _solve(profile, budget_bytes: int, solver: str, time_limit, search: bool):
     cross-entropy backward recomputes its log-probabilities from the logits (a logits' worth less
     held through the loss, a log-softmax's time more: profiler/fusions.py). Raises the Infeasible
     with the lower minimum. Only then: where both fit, it gains too little for a second solve
-    (benchmarks/log_probs.py: at Hugging Face per-layer's peak, 0.3% on GPT-2, 1.7% on BERT)."""
+    (benchmarks/log_probs.py, predicted at Hugging Face per-layer's peak: GPT-2 0.8% slower, BERT 3%
+    faster)."""
     try:
         return solve_over_groupings(profile, budget_bytes, solver, time_limit, finer=search)
     except Infeasible as error:
