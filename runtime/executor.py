@@ -88,12 +88,8 @@ class Executor:
         self._run_steps(self.forward_steps, held, fixed)
         with torch.no_grad():
             outputs = self.programs.outputs(*self._read(self.programs.output_reads, held, fixed))
-            # Buffer mutations (BatchNorm statistics) are applied once, when the forward ends.
-            for placeholder, holder, value in self.programs.mutations:
-                before = fixed[placeholder].clone() if placeholder in self.keep_before_mutation else None
-                fixed[placeholder].copy_(held[holder][value])
-                if before is not None:
-                    fixed[placeholder] = before
+            mutated = [held[holder][value] for _, holder, value in self.programs.mutations]
+            apply_mutations(self.programs.mutations, mutated, fixed, self.keep_before_mutation)
         return list(outputs), PhaseState(held)
 
     def backward(self, state: PhaseState, tangents: list[torch.Tensor], fixed: dict) -> list[torch.Tensor]:
@@ -104,7 +100,18 @@ class Executor:
         self._run_steps(self.backward_steps, held, fixed)
         with torch.no_grad():
             gradients = self.programs.gradients(*self._read(self.programs.gradient_reads, held, fixed))
-            for placeholder, holder, value in self.programs.backward_mutations:
-                fixed[placeholder].copy_(held[holder][value])
+            mutated = [held[holder][value] for _, holder, value in self.programs.backward_mutations]
+            apply_mutations(self.programs.backward_mutations, mutated, fixed, set())
         held.clear()
         return list(gradients)
+
+
+def apply_mutations(mutations: list[tuple[str, str, str]], new_values: list[torch.Tensor], fixed: dict,
+                    keep_before: set[str]) -> None:
+    """Copy each mutated buffer's new value into it (BatchNorm statistics, once a phase ends). A
+    placeholder in ``keep_before`` is read again later: ``fixed`` then keeps a copy of the old value."""
+    for (placeholder, _, _), new_value in zip(mutations, new_values):
+        before = fixed[placeholder].clone() if placeholder in keep_before else None
+        fixed[placeholder].copy_(new_value)
+        if before is not None:
+            fixed[placeholder] = before
