@@ -167,20 +167,28 @@ def plan_untraceable(model: torch.nn.Module, example_inputs, budget="100%", loss
         raise BudgetInfeasible(f"budget {parsed}: {error}", min_budget=error.min_budget, method=error.method) from None
 
 
-def apply(model: torch.nn.Module, plan: Plan) -> torch.nn.Module:
+def apply(model: torch.nn.Module, plan: Plan, compile: bool = False) -> torch.nn.Module:
     """A module sharing ``model``'s parameters whose training step runs ``plan`` (see runtime.apply;
-    a fallback plan checkpoints its blocks, runtime.apply_module_chain)."""
+    a fallback plan checkpoints its blocks, runtime.apply_module_chain). ``compile=True`` runs the
+    schedule as two inductor-compiled graphs, one per side of the loss (see runtime.apply)."""
     if not isinstance(plan, Plan):
         raise TypeError(f"apply() takes a planner.Plan (from plan() or load()), got {type(plan).__name__}")
     if isinstance(plan, ModuleChainPlan):
+        if compile:
+            raise ValueError(
+                "compile=True compiles a traced plan's schedule; this is a fallback plan for a model the tracer "
+                "cannot follow (it checkpoints whole blocks with torch.utils.checkpoint): apply it without "
+                "compile=True, and wrap the result in torch.compile if you want it compiled"
+            )
         return runtime.apply_module_chain(model, plan)
-    return runtime.apply(model, plan)
+    return runtime.apply(model, plan, compile=compile)
 
 
-def checkpoint(model: torch.nn.Module, example_inputs, budget="100%", **options) -> torch.nn.Module:
-    """``apply(model, plan(model, example_inputs, budget, **options))``: the returned module carries
-    its plan as ``.plan``."""
-    return apply(model, plan(model, example_inputs, budget, **options))
+def checkpoint(model: torch.nn.Module, example_inputs, budget="100%", compile: bool = False,
+               **options) -> torch.nn.Module:
+    """``apply(model, plan(model, example_inputs, budget, **options), compile)``: the returned module
+    carries its plan as ``.plan``."""
+    return apply(model, plan(model, example_inputs, budget, **options), compile=compile)
 
 
 load = load

@@ -31,6 +31,7 @@ from profiler.state import cuda_devices
 
 from solvers import simulate
 
+from .compiled import CompiledExecutor
 from .executor import Executor, ScheduleError
 from .programs import compile_programs
 
@@ -173,7 +174,7 @@ def _spec(shape: tuple, dtype: torch.dtype) -> str:
     return f"{str(dtype).replace('torch.', '')}{list(shape)}"
 
 
-def _bind(model: torch.nn.Module, plan, args: tuple, kwargs: dict) -> _Bound:
+def _bind(model: torch.nn.Module, plan, args: tuple, kwargs: dict, compiled: bool = False) -> _Bound:
     """Trace ``model`` (or reuse the plan's own profile) and check that it is the planned graph."""
     profile = getattr(plan, "profile", None)
     if profile is not None and profile.graph.graph.get("fingerprint") == plan.fingerprint:
@@ -204,6 +205,8 @@ def _bind(model: torch.nn.Module, plan, args: tuple, kwargs: dict) -> _Bound:
         raise ScheduleError(f"the plan's schedule is not valid for this model's graph: {outcome.error}")
     devices = cuda_devices([*model.parameters()])
     executor = Executor(compile_programs(joint, grouping, graph), plan.schedule, graph, devices)
+    if compiled:
+        executor = CompiledExecutor(executor, joint)
     bound = _Bound(model, joint, executor)
     return bound
 
@@ -220,7 +223,7 @@ def _planned_forward(self, *args, **kwargs):
         _check_no_sharded_submodules(self)
         self.__dict__["_planned_tracing"] = True  # tracing this module traces the original forward
         try:
-            bound = _bind(self, self.plan, args, kwargs)
+            bound = _bind(self, self.plan, args, kwargs, self.__dict__.get("_planned_compiled", False))
         finally:
             del self.__dict__["_planned_tracing"]
         self.__dict__["_planned_bound"] = bound
@@ -270,12 +273,17 @@ def _planned_class(cls: type) -> type:
     )
 
 
-def apply(model: torch.nn.Module, plan) -> torch.nn.Module:
+def apply(model: torch.nn.Module, plan, compile: bool = False) -> torch.nn.Module:
     """A module that shares ``model``'s parameters and runs ``plan``'s schedule in training.
 
     ``plan`` needs ``schedule``, ``fingerprint``, ``granularity``, ``tangent_outputs`` and
     ``tangent_specs``, and may carry the ``profile`` it was made from (planner.Plan has them).
     The returned module's ``plan`` attribute is ``plan``.
+
+    ``compile=True`` runs the schedule's steps before the loss as one inductor-compiled graph and
+    its steps after the loss as another (runtime/compiled.py): the same computes and frees, with
+    inductor's fused kernels. The first training call compiles (tens of seconds on a CPU);
+    gradients then equal the original model's to rounding rather than to the bit.
     """
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"apply() takes an nn.Module, got {type(model).__name__}")
@@ -284,6 +292,7 @@ def apply(model: torch.nn.Module, plan) -> torch.nn.Module:
     planned.__dict__.pop("_planned_bound", None)
     planned.__class__ = _planned_class(base)
     planned.__dict__["plan"] = plan
+    planned.__dict__["_planned_compiled"] = bool(compile)
     return planned
 
 
