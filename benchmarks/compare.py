@@ -5,7 +5,8 @@
 For each model: no checkpointing; the baselines it supports (Hugging Face per-layer checkpointing,
 checkpoint_sequential with sqrt(N) segments); torch.compile with activation_memory_budget 1.0, 0.5,
 0.1 (compile time reported apart); our plans with every solver over a sweep of budgets, and our best
-plan at the measured peak of each baseline. Peaks are measured by profiler.measure_step (the CPU
+plan at the measured peak of each baseline, run eagerly (ours@...) and as two inductor-compiled graphs
+(ours-compiled@..., planner.apply(..., compile=True); its first step's time, which compiles, reported apart). Peaks are measured by profiler.measure_step (the CPU
 allocator's events replayed; max_memory_allocated on CUDA), step times are medians of --rounds
 timed steps after a warm-up, with all methods interleaved round by round because these machines
 drift; ratios are to no checkpointing in the same run. Writes a Markdown table and a PNG per model
@@ -111,7 +112,7 @@ def _plan_row(method: str, kind: str, plan, label: str, planning: float) -> Row:
 
 
 def run_model(name: str, rounds: int, fractions: list[float], solvers: list[str], time_limit: float,
-              with_compile: bool) -> dict:
+              with_compile: bool, with_compiled_plans: bool = True) -> dict:
     bench = BENCHMARKS[name]
     torch.manual_seed(0)
     base = bench.build()
@@ -170,6 +171,16 @@ def run_model(name: str, rounds: int, fractions: list[float], solvers: list[str]
         gc.collect()
         rows[match].measured_peak = profiler.measure_step(modules[match], inputs, loss_fn=bench.loss_fn,
                                                           repeats=1).peak_bytes
+        if with_compiled_plans:  # the same plan, run as two inductor-compiled graphs
+            compiled = f"ours-compiled@{key}"
+            rows[compiled] = _plan_row(compiled, "matched-compiled", plan, key, rows[match].planning_seconds)
+            modules[compiled] = planner.apply(base, plan, compile=True)
+            started = time.perf_counter()
+            training_step(modules[compiled], inputs, bench.loss_fn)  # compiles both phases
+            rows[compiled].compile_seconds = time.perf_counter() - started
+            gc.collect()
+            rows[compiled].measured_peak = profiler.measure_step(modules[compiled], inputs, loss_fn=bench.loss_fn,
+                                                                 repeats=1).peak_bytes
 
     # Step times: every method once per round, interleaved; the first round warms up.
     for round_index in range(rounds + 1):
@@ -218,7 +229,8 @@ def markdown(result: dict) -> str:
             budget = f"{budget} ({r['budget_bytes'] / MiB:.1f} MiB)" if budget else f"{r['budget_bytes'] / MiB:.1f} MiB"
         status = r["status"] + (f", gap {r['gap']:.1%}" if r["gap"] else "")
         if r["compile_seconds"]:
-            status = f"compile {r['compile_seconds']:.0f} s"
+            status = f"compile {r['compile_seconds']:.0f} s" if r["kind"] == "compile" else \
+                f"{status}; compile {r['compile_seconds']:.0f} s"
         if r["note"] and r["status"] in ("infeasible", "failed"):
             status += f" ({r['note']})"
         lines.append(
@@ -244,9 +256,10 @@ def plot(result: dict, path: str) -> None:
                         for r in rows if r["kind"] == "plan" and r["method"].startswith(solver + "@"))
         axes.plot(*zip(*points), marker="o", label=f"ours: {solver}")
     for r in rows:
-        if r["kind"] in ("none", "baseline", "compile"):
+        if r["kind"] in ("none", "baseline", "compile", "matched-compiled"):
+            marker = {"compile": "^", "matched-compiled": "*"}.get(r["kind"], "s")
             axes.scatter(r["measured_peak"] / MiB, 100 * (r["measured_seconds"] / none["measured_seconds"] - 1),
-                         marker="s" if r["kind"] != "compile" else "^", s=60, label=r["method"], zorder=3)
+                         marker=marker, s=60, label=r["method"], zorder=3)
     axes.set_xlabel("measured peak of the training step (MiB)")
     axes.set_ylabel("step time over no checkpointing (%)")
     axes.set_title(f"{result['model']}: time against memory (one run, CPU)")
@@ -267,12 +280,15 @@ def main(argv=None) -> int:
     parser.add_argument("--solvers", default=",".join(SOLVERS))
     parser.add_argument("--time-limit", type=float, default=60.0)
     parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile baselines")
+    parser.add_argument("--no-compiled-plans", action="store_true",
+                        help="skip our matched plans run compiled (planner.apply(..., compile=True))")
     parser.add_argument("--out", default=os.path.join(os.path.dirname(HERE), "docs", "benchmarks"))
     args = parser.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     fractions = [float(f) for f in args.budgets.split(",")]
     for name in args.models.split(","):
-        result = run_model(name, args.rounds, fractions, args.solvers.split(","), args.time_limit, not args.no_compile)
+        result = run_model(name, args.rounds, fractions, args.solvers.split(","), args.time_limit, not args.no_compile,
+                           not args.no_compiled_plans)
         table = markdown(result)
         print(table, flush=True)
         write_atomic(os.path.join(args.out, f"{name}.md"), table)
