@@ -205,6 +205,7 @@ def _fake_inputs(phase: PhaseGraph, fake_mode, known: dict[Value, torch.Tensor])
 def _decomposed(module: fx.GraphModule, fake_inputs: list[torch.Tensor], fake_mode) -> fx.GraphModule:
     """``module`` retraced into the ops inductor lowers (its decomposition table), as AOTAutograd
     retraces a graph before inductor sees it."""
+    import torch._inductor.lowering  # noqa: F401  (some decompositions, max-pooling's, call into it)
     from torch._inductor.decomposition import select_decomp_table
     from torch.fx.experimental.proxy_tensor import make_fx
 
@@ -215,17 +216,22 @@ def _decomposed(module: fx.GraphModule, fake_inputs: list[torch.Tensor], fake_mo
 def _compiled(module: fx.GraphModule, fake_inputs: list[torch.Tensor], fake_mode, is_backward: bool):
     """Inductor's code for ``module``: called with a list of tensors, which it empties.
 
-    Without horizontal fusion: inductor fuses kernels with no producer-consumer edge between them
-    when they read the same data, which moves one of them across the schedule's steps. On the
-    residual-MLP benchmark it ran the recomputations of three later blocks at the start of the
-    backward, holding their 4 MiB activations at once: measured 306.5 MiB against 291.6 MiB
-    predicted; without it 290.5 MiB (and the step 0.80 s instead of 1.00 s). Producer-consumer
-    fusion, where the gain is, stays on.
+    Two of inductor's choices are turned off because they break the schedule's memory:
+
+    - horizontal fusion: inductor fuses kernels with no producer-consumer edge between them when
+      they read the same data, which moves one of them across the schedule's steps. On the
+      residual-MLP benchmark it ran the recomputations of three later blocks at the start of the
+      backward, holding their 4 MiB activations at once: measured 306.5 MiB against 291.6 MiB
+      predicted; without it 290.5 MiB (and the step 0.80 s instead of 1.00 s). Producer-consumer
+      fusion, where the gain is, stays on.
+    - layout optimization: in a graph with convolutions inductor converts activations to
+      channels-last, and the U-Net benchmark's compiled plan then held both layouts: measured
+      238.4 MiB against 147.9 MiB predicted; without it 145.9 MiB.
     """
     from torch._inductor import config
     from torch._inductor.compile_fx import compile_fx_inner
 
-    with fake_mode, config.patch(score_fusion_memory_threshold=sys.maxsize):
+    with fake_mode, config.patch(score_fusion_memory_threshold=sys.maxsize, layout_optimization=False):
         return compile_fx_inner(module, fake_inputs, is_backward=is_backward)
 
 
