@@ -5,12 +5,13 @@
 For each model: no checkpointing; the baselines it supports (Hugging Face per-layer checkpointing,
 checkpoint_sequential with sqrt(N) segments); torch.compile with activation_memory_budget 1.0, 0.5,
 0.1 (compile time reported apart); our plans with every solver over a sweep of budgets, and our best
-plan at the measured peak of each baseline, run eagerly (ours@...) and as two inductor-compiled graphs
-(ours-compiled@..., planner.apply(..., compile=True); its first step's time, which compiles, reported apart). Peaks are measured by profiler.measure_step (the CPU
-allocator's events replayed; max_memory_allocated on CUDA), step times are medians of --rounds
-timed steps after a warm-up, with all methods interleaved round by round because these machines
-drift; ratios are to no checkpointing in the same run. Writes a Markdown table and a PNG per model
-and the raw results as JSON.
+plan at the measured peak of each baseline, run eagerly (ours@...) and as two inductor-compiled
+graphs (ours-compiled@..., planner.apply(..., compile=True); its first step, which compiles, timed
+apart). Peaks are measured by profiler.measure_step (the CPU allocator's events replayed;
+max_memory_allocated on CUDA), step times are medians of --rounds timed steps after a warm-up, with
+all methods interleaved round by round because these machines drift; ratios are to no
+checkpointing in the same run. Writes a Markdown table and a PNG per model and the raw results as
+JSON.
 """
 
 from __future__ import annotations
