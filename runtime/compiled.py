@@ -42,10 +42,17 @@ from profiler.costgraph import LOSS
 from profiler.grouping import is_random
 from solvers.schedule import COMPUTE
 
-from .executor import Executor, PhaseState, apply_mutations
+from .executor import Executor, apply_mutations
 from .programs import FIXED, Programs
 
 Value = tuple[str, str]  # (cost-graph node holding it, value name); node FIXED for placeholders
+
+
+@dataclass
+class CarriedState:
+    """What the compiled forward hands to the compiled backward: the values it carries, in order."""
+
+    carried: list[torch.Tensor]
 
 
 @dataclass
@@ -61,7 +68,7 @@ class _PhaseBuilder:
     """Inlines node programs into one graph in the schedule's order."""
 
     def __init__(self, programs: Programs, source: dict[str, fx.Node], fixed_names: list[str],
-                 carried_in: list[Value], rng_states: dict[str, str]):
+                 carried_in: list[Value], saved_rng: set[str]):
         self.programs = programs
         self.source = source  # the joint graph's nodes by name, for the inputs' metadata
         self.graph = fx.Graph()
@@ -69,8 +76,7 @@ class _PhaseBuilder:
         self.env: dict[Value, fx.Node] = {}
         self.held: dict[str, list[str]] = {}
         self.inputs: list[Value] = []
-        # rng_states: random op key -> the name of the value holding the state before its first run
-        self.rng_states = rng_states
+        self.saved_rng = saved_rng  # random ops whose generator state a phase has saved
         self.new_states: list[Value] = []  # generator states first saved in this phase
         for name in fixed_names:
             self._input((FIXED, name), name)
@@ -126,16 +132,14 @@ class _PhaseBuilder:
         """``node`` run from a saved generator state: saved on its first run, replayed after."""
         args = fx.node.map_arg(node.args, lambda n: env[n])
         kwargs = fx.node.map_arg(node.kwargs, lambda n: env[n])
-        state_value = self.rng_states.get(key)
-        if state_value is None:
+        state_key = (FIXED, f"rng:{key}")  # states live for the whole step: no node's, never freed
+        if key not in self.saved_rng:
             both = self.graph.call_function(run_and_save_rng_state, (node.target, *args), kwargs)
-            state = self.graph.call_function(operator.getitem, (both, 0))
-            self.rng_states[key] = state_name = f"rng:{key}"
-            self.env[(FIXED, state_name)] = state  # states live for the whole step, never freed
-            self.new_states.append((FIXED, state_name))
+            self.env[state_key] = self.graph.call_function(operator.getitem, (both, 0))
+            self.saved_rng.add(key)
+            self.new_states.append(state_key)
             return self.graph.call_function(operator.getitem, (both, 1))
-        state = self.read((FIXED, state_value))
-        return self.graph.call_function(run_with_rng_state, (state, node.target, *args), kwargs)
+        return self.graph.call_function(run_with_rng_state, (self.read(state_key), node.target, *args), kwargs)
 
     def finish(self, outputs: list[fx.Node], output_keys: list[Value]) -> PhaseGraph:
         self.graph.output(tuple(outputs))
@@ -150,14 +154,14 @@ def phase_graphs(programs: Programs, executor: Executor, source: dict[str, fx.No
     the backward reads (the carried values, generator states included). Backward: fixed values,
     carried values and the loss's tangents -> parameter and input gradients, then backward mutations.
     """
-    rng_states: dict[str, str] = {}
-    forward = _PhaseBuilder(programs, source, fixed_names, [], rng_states)
+    saved_rng: set[str] = set()
+    forward = _PhaseBuilder(programs, source, fixed_names, [], saved_rng)
     forward.run(executor.forward_steps)
     held_at_loss = [(holder, value) for holder, values in forward.held.items() for value in values]
     held_at_loss += forward.new_states
 
     tangents = [(LOSS, value) for value in programs.nodes[LOSS].values]
-    backward = _PhaseBuilder(programs, source, fixed_names, held_at_loss + tangents, rng_states)
+    backward = _PhaseBuilder(programs, source, fixed_names, held_at_loss + tangents, saved_rng)
     backward.held.pop(FIXED, None)  # the generator states are no schedule node's to free
     backward.run(executor.backward_steps)
     gradients = backward.inline("<gradients>", programs.gradients,
@@ -272,7 +276,7 @@ class CompiledExecutor:
         self.mutation_count = len(self.programs.mutations)
         self.compile_seconds = time.perf_counter() - started
 
-    def forward(self, fixed: dict[str, torch.Tensor]) -> tuple[list[torch.Tensor], PhaseState]:
+    def forward(self, fixed: dict[str, torch.Tensor]) -> tuple[list[torch.Tensor], CarriedState]:
         with torch.no_grad():
             results = list(self._forward(_in_layouts([fixed[name] for name in self.fixed_names],
                                                      self.forward_layouts)))
@@ -280,13 +284,13 @@ class CompiledExecutor:
         mutated = results[self.output_count : self.output_count + self.mutation_count]
         with torch.no_grad():
             apply_mutations(self.programs.mutations, mutated, fixed, self.keep_before_mutation)
-        carried = results[self.output_count + self.mutation_count :]
-        return outputs, PhaseState({"carried": carried})
+        return outputs, CarriedState(results[self.output_count + self.mutation_count :])
 
-    def backward(self, state: PhaseState, tangents: list[torch.Tensor], fixed: dict) -> list[torch.Tensor]:
-        arguments = [fixed[name] for name in self.fixed_names] + state.held.pop("carried") + list(tangents)
-        arguments = _in_layouts(arguments, self.backward_layouts)
-        del tangents
+    def backward(self, state: CarriedState, tangents: list[torch.Tensor], fixed: dict) -> list[torch.Tensor]:
+        carried, state.carried = state.carried, []  # the compiled code's list must be the only reference
+        arguments = _in_layouts([fixed[name] for name in self.fixed_names] + carried + list(tangents),
+                                self.backward_layouts)
+        del carried
         with torch.no_grad():
             results = list(self._backward(arguments))  # empties ``arguments``: carried values die at last use
         gradient_count = len(results) - len(self.programs.backward_mutations)
