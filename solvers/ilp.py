@@ -59,6 +59,7 @@ missing.
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import random
@@ -88,6 +89,7 @@ WARM_START_METHODS = ("chen-greedy", "dp")
 WARM_START_SHARE = 0.15
 # Time for the minimum-budget MILP when the caller gave no time limit.
 MIN_BUDGET_TIME_LIMIT = 60.0
+LOG = logging.getLogger(__name__)
 # Graphs above this many nodes are refused: a 200-node graph's model has ~10^5 variables and
 # ~2 x 10^5 rows and takes ~10 s and 330 MB to build in PuLP; both grow as n^2.
 MAX_NODES = 600
@@ -246,6 +248,7 @@ def build_model(costs: NodeCosts, budget: int | None, scales: Scales,
     """
     import pulp
 
+    started = time.perf_counter()
     n = costs.n
     mem = [m / scales.mem_unit for m in costs.mem]
     workspace = [w / scales.mem_unit for w in costs.workspace]
@@ -358,6 +361,8 @@ def build_model(costs: NodeCosts, budget: int | None, scales: Scales,
             previous = k
 
     problem.setObjective(objective)
+    LOG.debug("ilp: model of %d nodes built in %.1f s: %d variables, %d rows", n, time.perf_counter() - started,
+              len(variables), len(rows.added))
     return model
 
 
@@ -694,9 +699,14 @@ def run_backend(model: CheckmateModel, backend: str, time_limit: float | None = 
     """
     if time_limit is not None:
         time_limit = max(0.01, float(time_limit))
+    started = time.perf_counter()
     if backend == "highs":
-        return _run_highs(model, time_limit, threads, warm, relax, gap_abs, target)
-    return _run_cbc(model, time_limit, threads, warm, relax, gap_abs)
+        outcome = _run_highs(model, time_limit, threads, warm, relax, gap_abs, target)
+    else:
+        outcome = _run_cbc(model, time_limit, threads, warm, relax, gap_abs)
+    LOG.debug("ilp: %s %s in %.1f s: optimal %s, objective %s, bound %s", backend, "LP" if relax else "MILP",
+              time.perf_counter() - started, outcome.optimal, outcome.objective, outcome.bound)
+    return outcome
 
 
 # --------------------------------------------------------------------------------------------
@@ -775,6 +785,22 @@ def warm_start_candidates(graph, budget: int, deadline: _Deadline) -> list[Candi
         if candidate is not None:
             found.append(candidate)
     return sorted(found, key=lambda c: c.cost)
+
+
+def _given_candidates(graph, budget: int, schedules: Sequence[Schedule]) -> list[Candidate]:
+    """The caller's warm starts that fit ``budget``; a schedule that is not a valid schedule of
+    ``graph`` is the caller's mistake and is refused (a start over the budget is only unusable)."""
+    found = []
+    for index, schedule in enumerate(schedules):
+        if not isinstance(schedule, Schedule):
+            raise ValueError(f"warm_starts[{index}] is a {type(schedule).__name__}, not a Schedule")
+        outcome = simulate(graph, schedule)
+        if not outcome.valid:
+            raise ValueError(f"warm_starts[{index}] is not a valid schedule of this graph: {outcome.error}")
+        if outcome.peak_bytes <= budget:
+            source = f"the given {schedule.info.method} schedule" if schedule.info.method else "a given schedule"
+            found.append(Candidate(schedule, outcome.compute_cost, outcome.peak_bytes, source))
+    return found
 
 
 def _best_start(model: CheckmateModel, graph, candidates: Sequence[Candidate]) -> tuple[dict | None, Candidate | None]:
@@ -1117,8 +1143,8 @@ def _solve_lp_rounding(graph, costs, budget, backend, deadline, threads, candida
 
 def solve_ilp(graph, budget: int, time_limit: float | None = None, *, backend: str = "highs",
               mode: str = "exact", threads: int | None = None, warm_start: bool = True,
-              rounding_samples: int = DEFAULT_ROUNDING_SAMPLES, seed: int = 0,
-              max_nodes: int = MAX_NODES) -> Schedule:
+              warm_starts: Sequence[Schedule] = (), rounding_samples: int = DEFAULT_ROUNDING_SAMPLES,
+              seed: int = 0, max_nodes: int = MAX_NODES) -> Schedule:
     """Checkmate's MILP for ``graph`` under ``budget`` bytes (see the module docstring).
 
     ``backend``: "highs" (highspy through PuLP) or "cbc" (PuLP's bundled CBC). ``mode``: "exact"
@@ -1128,8 +1154,11 @@ def solve_ilp(graph, budget: int, time_limit: float | None = None, *, backend: s
     proves it; ``lower_bound`` the LP value). ``time_limit`` bounds the whole call (heuristic warm
     starts, solve, minimum budget) where it can; the minimum budget of an infeasible call gets at
     least a second. ``warm_start``: start from the cheapest heuristic or LP-rounded schedule the
-    model expresses (False: the bare MILP). ``rounding_samples``/``seed``: Bernoulli roundings of
-    the LP. ``threads``: HiGHS/CBC threads. ``max_nodes``: the model has ~n^2 binaries; larger
+    model expresses (False: the bare MILP). ``warm_starts``: schedules of ``graph`` to start from
+    besides the heuristics' (another solver's, a previous plan's); those within the budget join the
+    candidates, and when one is the cheapest its first-computation order becomes the model's, so the
+    result is never above it and its gap is measured in that order. ``rounding_samples``/``seed``:
+    Bernoulli roundings of the LP. ``threads``: HiGHS/CBC threads. ``max_nodes``: the model has ~n^2 binaries; larger
     graphs are refused rather than left to build for many minutes.
     """
     validate(graph)
@@ -1151,7 +1180,9 @@ def solve_ilp(graph, budget: int, time_limit: float | None = None, *, backend: s
     if store_all.peak <= budget:
         return _finish(store_all, budget, "optimal", store_all.cost, "store-all fits")
 
-    candidates = warm_start_candidates(graph, budget, deadline) if warm_start else []
+    given = _given_candidates(graph, budget, warm_starts)
+    candidates = sorted(given + (warm_start_candidates(graph, budget, deadline) if warm_start else []),
+                        key=lambda c: c.cost)
     # The model's fixed first-computation order: the cheapest heuristic schedule's, so that the
     # model expresses it (the default order often cannot: the chain methods' backward runs each
     # gradient's consumers in a different order than the trace did), else the trace's order.

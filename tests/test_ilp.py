@@ -89,6 +89,27 @@ def test_fixed_order_trap():
     assert min_cost_schedule(graph, 4).info.compute_cost == 10  # order 0, 3, 1, 2 is cheaper
 
 
+def test_a_given_warm_start_sets_the_order():
+    # The trap's cheaper order comes from outside (here the exhaustive search; in practice cpsat):
+    # the model takes that schedule's first-computation order and proves it optimal in it.
+    graph = trap_graph()
+    given = min_cost_schedule(graph, 4)
+    schedule = solve(graph, 4, method="ilp", warm_starts=[given])
+    assert check(graph, schedule, 4) == 10
+    assert schedule.info.status == "optimal"
+    assert "given" in schedule.info.message
+    # A start over the budget is only unusable: the model's own order and optimum remain.
+    assert check(graph, solve(graph, 4, method="ilp", warm_starts=[store_all_schedule(graph)]), 4) == 13
+
+
+def test_an_invalid_warm_start_is_refused():
+    graph = trap_graph()
+    with pytest.raises(ValueError, match=r"warm_starts\[0\] is not a valid schedule"):
+        solve(graph, 4, method="ilp", warm_starts=[Schedule([("compute", 1)])])
+    with pytest.raises(ValueError, match=r"warm_starts\[0\] is a list, not a Schedule"):
+        solve(graph, 4, method="ilp", warm_starts=[[("compute", 0)]])
+
+
 @pytest.mark.parametrize("seed", [0, 1])
 def test_never_above_its_warm_starts(seed):
     # The chain methods' backward runs a gradient's consumers in another order than the trace
