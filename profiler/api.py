@@ -51,8 +51,9 @@ class Profile:
     granularity: str
     device: str
     seconds: float
-    # Set on a profile rebuilt from plain data without its trace (planner/sweeptasks.py): what
-    # finer() would have computed, carried over.
+    # What finer() returns: filled by its first call (the planner asks for the finer groupings more
+    # than once per plan, and each is a new cost graph), or carried over by a profile rebuilt from
+    # plain data without its trace (planner/sweeptasks.py).
     finer_profiles: tuple["Profile", ...] | None = None
 
     @property
@@ -98,6 +99,7 @@ class Profile:
             if candidate.fingerprint not in seen:
                 seen.add(candidate.fingerprint)
                 profiles.append(candidate)
+        self.finer_profiles = tuple(profiles)
         return profiles
 
 
