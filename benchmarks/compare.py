@@ -10,8 +10,9 @@ graphs (ours-compiled@..., planner.apply(..., compile=True); its first step, whi
 apart). Peaks are measured by profiler.measure_step (the CPU allocator's events replayed;
 max_memory_allocated on CUDA), step times are medians of --rounds timed steps after a warm-up, with
 all methods interleaved round by round because these machines drift; ratios are to no
-checkpointing in the same run. Writes a Markdown table and a PNG per model and the raw results as
-JSON.
+checkpointing in the same run, as the ratio of the medians and paired (the median over rounds of
+the ratio within each round). Writes a Markdown table and a PNG per model and the raw results as
+JSON; `--redraw` rewrites the tables and plots from that JSON without measuring.
 """
 
 from __future__ import annotations
@@ -209,6 +210,16 @@ def _fmt(value, scale=1.0, digits=1, suffix=""):
     return "" if value is None else f"{value / scale:.{digits}f}{suffix}"
 
 
+def paired_ratio(row: dict, none: dict) -> float | None:
+    """The median over rounds of the row's step time over no checkpointing's in the same round.
+
+    The machines drift by tens of percent within a run; two methods timed in the same round see the
+    same drift, so this ratio varies less between runs than the ratio of the two medians does."""
+    if not row["times"] or len(row["times"]) != len(none["times"]):
+        return None
+    return statistics.median(a / b for a, b in zip(row["times"], none["times"]))
+
+
 def markdown(result: dict) -> str:
     rows = result["rows"]
     none = next(r for r in rows if r["kind"] == "none")
@@ -217,10 +228,12 @@ def markdown(result: dict) -> str:
         "",
         f"{result['parameters'] / 1e6:.1f}M parameters; profiled cost graph of {result['nodes']} nodes ({result['granularity']}; plans may schedule a finer grouping, column graph), "
         f"profiled in {result['profile_seconds']:.0f} s; step times are medians of {result['rounds']} interleaved "
-        f"rounds on {result['threads']} threads, torch {result['torch']}.",
+        f"rounds on {result['threads']} threads, torch {result['torch']}; paired: the median over rounds of "
+        "the step's time over no checkpointing's in the same round.",
         "",
-        "| method | budget | predicted peak (MiB) | measured peak (MiB) | peak vs none | predicted step (s) | measured step (s) | step vs none | planning (s) | graph | status |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| method | budget | predicted peak (MiB) | measured peak (MiB) | peak vs none | predicted step (s) "
+        "| measured step (s) | step vs none | paired | planning (s) | graph | status |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         peak_ratio = _fmt(r["measured_peak"] / none["measured_peak"] if r["measured_peak"] else None, 1, 2, "x")
@@ -237,7 +250,8 @@ def markdown(result: dict) -> str:
         lines.append(
             f"| {r['method']} | {budget} | {_fmt(r['predicted_peak'], MiB)} | {_fmt(r['measured_peak'], MiB)} | {peak_ratio} "
             f"| {_fmt(r['predicted_seconds'], 1, 3)} | {_fmt(r['measured_seconds'], 1, 3)} | {time_ratio} "
-            f"| {_fmt(r['planning_seconds'], 1, 1)} | {r.get('grouping', '')} | {status} |"
+            f"| {_fmt(paired_ratio(r, none), 1, 2, 'x')} | {_fmt(r['planning_seconds'], 1, 1)} "
+            f"| {r.get('grouping', '')} | {status} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -284,12 +298,18 @@ def main(argv=None) -> int:
     parser.add_argument("--no-compiled-plans", action="store_true",
                         help="skip our matched plans run compiled (planner.apply(..., compile=True))")
     parser.add_argument("--out", default=os.path.join(os.path.dirname(HERE), "docs", "benchmarks"))
+    parser.add_argument("--redraw", action="store_true",
+                        help="measure nothing: rewrite each model's table and plot from its JSON in --out")
     args = parser.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     fractions = [float(f) for f in args.budgets.split(",")]
     for name in args.models.split(","):
-        result = run_model(name, args.rounds, fractions, args.solvers.split(","), args.time_limit, not args.no_compile,
-                           not args.no_compiled_plans)
+        if args.redraw:
+            with open(os.path.join(args.out, f"{name}.json")) as file:
+                result = json.load(file)
+        else:
+            result = run_model(name, args.rounds, fractions, args.solvers.split(","), args.time_limit,
+                               not args.no_compile, not args.no_compiled_plans)
         table = markdown(result)
         print(table, flush=True)
         write_atomic(os.path.join(args.out, f"{name}.md"), table)
