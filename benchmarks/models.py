@@ -140,6 +140,16 @@ def image_batch(batch: int = 8, size: int = 128):
     return (torch.randn(batch, 3, size, size, generator=torch.Generator().manual_seed(1)),)
 
 
+def unet_channels_last() -> nn.Module:
+    """The same U-Net in the channels-last layout, which inductor picks for convolutions on its own
+    (torch.compile converts to it; the compiled plans keep the layout the model was profiled in)."""
+    return unet().to(memory_format=torch.channels_last)
+
+
+def image_batch_channels_last():
+    return tuple(x.contiguous(memory_format=torch.channels_last) for x in image_batch())
+
+
 def _segmentation_loss(output: torch.Tensor) -> torch.Tensor:
     target = torch.zeros(output.shape[0], output.shape[2], output.shape[3], dtype=torch.long)
     return torch.nn.functional.cross_entropy(output, target)
@@ -155,4 +165,6 @@ BENCHMARKS = {
     "residual-mlp": Benchmark("residual-mlp", residual_mlp, mlp_batch, _mean_square,
                               {"checkpoint-sequential": _checkpoint_sequential}),
     "unet": Benchmark("unet", unet, image_batch, _segmentation_loss, {}),
+    "unet-channels-last": Benchmark("unet-channels-last", unet_channels_last, image_batch_channels_last,
+                                    _segmentation_loss, {}),
 }
