@@ -64,8 +64,19 @@ def main(argv=None) -> int:
     parser.add_argument("--layers", type=int, default=10)
     parser.add_argument("--time-limit", type=float, default=30.0)
     parser.add_argument("--out", default=os.path.join(ROOT, "docs", "benchmarks", "dp-gap.md"))
+    parser.add_argument("--schedules", type=float, metavar="FRACTION",
+                        help="instead: print dp's and ilp's computations on the unit graph with input edges "
+                             "at this fraction of its un-checkpointed peak")
     args = parser.parse_args(argv)
     layers = args.layers
+    if args.schedules is not None:
+        graph = with_input_edges(training_graph(layers, unit=True), layers)
+        budget = int(simulate(graph, store_all_schedule(graph)).peak_bytes * args.schedules)
+        for method in ("dp", "ilp"):
+            schedule = solve(graph, budget, method=method, time_limit=args.time_limit)
+            computes = " ".join(str(node) for kind, node in schedule.steps if kind == "compute")
+            print(f"{method} (budget {budget}, cost {simulate(graph, schedule).compute_cost:g}): {computes}")
+        return 0
     graphs = {
         "unit costs and sizes": training_graph(layers, unit=True),
         "random costs and sizes": training_graph(layers, seed=layers),
