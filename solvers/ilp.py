@@ -78,6 +78,8 @@ from .simulate import simulate
 if TYPE_CHECKING:  # PuLP is imported where it is used: importing solvers must stay cheap
     import pulp
 
+LOG = logging.getLogger(__name__)
+
 BACKENDS = ("highs", "cbc")
 MODES = ("exact", "lp-rounding")
 DEFAULT_ROUNDING_SAMPLES = 48
@@ -89,7 +91,6 @@ WARM_START_METHODS = ("chen-greedy", "dp")
 WARM_START_SHARE = 0.15
 # Time for the minimum-budget MILP when the caller gave no time limit.
 MIN_BUDGET_TIME_LIMIT = 60.0
-LOG = logging.getLogger(__name__)
 # Graphs above this many nodes are refused: a 200-node graph's model has ~10^5 variables and
 # ~2 x 10^5 rows and takes ~10 s and 330 MB to build in PuLP; both grow as n^2.
 MAX_NODES = 600
@@ -724,8 +725,9 @@ class Candidate:
     source: str
 
 
-def _candidate(graph, schedule: Schedule, budget: int | None, source: str) -> Candidate | None:
-    outcome = simulate(graph, schedule)
+def _candidate(graph, schedule: Schedule, budget: int | None, source: str, outcome=None) -> Candidate | None:
+    """``schedule`` checked by the simulator (``outcome``: its result, when the caller has it)."""
+    outcome = simulate(graph, schedule) if outcome is None else outcome
     if not outcome.valid or (budget is not None and outcome.peak_bytes > budget):
         return None
     return Candidate(schedule, outcome.compute_cost, outcome.peak_bytes, source)
@@ -797,9 +799,9 @@ def _given_candidates(graph, budget: int, schedules: Sequence[Schedule]) -> list
         outcome = simulate(graph, schedule)
         if not outcome.valid:
             raise ValueError(f"warm_starts[{index}] is not a valid schedule of this graph: {outcome.error}")
-        if outcome.peak_bytes <= budget:
-            source = f"the given {schedule.info.method} schedule" if schedule.info.method else "a given schedule"
-            found.append(Candidate(schedule, outcome.compute_cost, outcome.peak_bytes, source))
+        source = f"the given {schedule.info.method} schedule" if schedule.info.method else "a given schedule"
+        candidate = _candidate(graph, schedule, budget, source, outcome)
+        found += [candidate] if candidate is not None else []
     return found
 
 
@@ -1158,8 +1160,8 @@ def solve_ilp(graph, budget: int, time_limit: float | None = None, *, backend: s
     besides the heuristics' (another solver's, a previous plan's); those within the budget join the
     candidates, and when one is the cheapest its first-computation order becomes the model's, so the
     result is never above it and its gap is measured in that order. ``rounding_samples``/``seed``:
-    Bernoulli roundings of the LP. ``threads``: HiGHS/CBC threads. ``max_nodes``: the model has ~n^2 binaries; larger
-    graphs are refused rather than left to build for many minutes.
+    Bernoulli roundings of the LP. ``threads``: HiGHS/CBC threads. ``max_nodes``: the model has
+    ~n^2 binaries; larger graphs are refused rather than left to build for many minutes.
     """
     validate(graph)
     check_backend(backend)
