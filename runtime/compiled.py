@@ -2,7 +2,7 @@
 
 Why: the eager executor (executor.py) runs every node's aten ops one by one, as the profiler timed
 them, while ``torch.compile`` fuses chains of pointwise ops into generated kernels (on this
-project's CPU its step is 0-5% faster than eager on GPT-2, 24% on the U-Net: README). Compiling
+project's CPU its step is up to a quarter shorter than eager: README). Compiling
 each node's program apart gains nothing (benchmarks/compiled_nodes.py): the fusions that pay cross
 node boundaries, a recomputed GELU into the backward op that reads it. So each phase of the schedule is inlined into
 one fx graph (a node computed twice appears twice: that is the recomputation) and handed to
@@ -13,9 +13,9 @@ phase and its outputs the values it carries out, so a value the schedule frees i
 from that step on, and inductor frees a buffer after its last use, no later than the schedule
 does. Inputs are passed in a list that the compiled code empties (inductor's boxed calling
 convention), so the backward releases a carried activation after its last read, as the eager
-executor's free does. Fusion only removes intermediate buffers. Inductor may reorder ops within a
-phase (by its own estimate of peak memory); tests and benchmarks measure the peak against the
-prediction rather than assume it.
+executor's free does. Fusion only removes intermediate buffers; the inductor choices that moved work
+across the schedule's steps are turned off (:func:`_compiled`), and tests and benchmarks measure
+the peak against the prediction rather than assume it.
 
 Random ops: a random op's first run saves the generator state before it
 (``torch._prims.rng_prims.run_and_save_rng_state``); the state is carried like an activation (a
