@@ -86,6 +86,9 @@ def _worker(rank: int, folder: str, port: int) -> None:
         results["error"] = traceback.format_exc()
     with open(os.path.join(folder, f"rank{rank}.json"), "w") as file:
         json.dump(results, file)
+    # Tear down together: a rank that destroys its group while its peer's gloo connection is still
+    # active aborted once in CI ("terminate called without an active exception", SIGABRT).
+    dist.barrier()
     dist.destroy_process_group()
 
 
