@@ -2,7 +2,7 @@
 
 >>> import profiler
 >>> prof = profiler.profile(model, example_inputs, loss_fn=None, granularity="module")  # doctest: +SKIP
->>> prof.graph          # networkx.DiGraph: cost (seconds), mem (bytes), ... (SPEC.md)   # doctest: +SKIP
+>>> prof.graph          # networkx.DiGraph: cost (seconds), mem (bytes), ... (docs/costgraph.md)   # doctest: +SKIP
 """
 
 from .api import Profile, profile

@@ -1,4 +1,4 @@
-"""Build the cost graph (SPEC.md, "The cost graph"; docs/costgraph.md) from the grouped joint graph.
+"""Build the cost graph (docs/costgraph.md) from the grouped joint graph.
 
 Nodes are groups of ops, extraction nodes and the loss; ``cost`` is the sum of the measured times
 of the ops a group runs (seconds), ``mem`` the bytes of the storages it hands to others, deduplicated

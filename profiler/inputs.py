@@ -90,8 +90,8 @@ def _describe_structure(spec: pytree.TreeSpec) -> str:
 
 
 def normalise_inputs(example_inputs) -> tuple[tuple, dict]:
-    """SPEC: a tuple of positional arguments, or a dict of keyword arguments (a lone tensor is
-    taken as the only positional argument)."""
+    """A tuple of positional arguments, or a dict of keyword arguments (docs/contract.md, "The
+    Python API"); a lone tensor is taken as the only positional argument, a list as a tuple."""
     if isinstance(example_inputs, torch.Tensor):
         return (example_inputs,), {}
     if isinstance(example_inputs, tuple):

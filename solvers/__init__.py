@@ -1,7 +1,7 @@
 """Recompute schedules for a training step's cost graph under a memory budget.
 
-Pure Python over networkx and the MILP/CP libraries: no torch. See SPEC.md ("Solvers") and
-docs/costgraph.md for the cost graph and the schedule semantics.
+Pure Python over networkx and the MILP/CP libraries: no torch. See docs/contract.md ("The solver
+contract"), docs/costgraph.md for the cost graph and docs/schedule.md for the schedule semantics.
 
 >>> from solvers import solve, simulate, Infeasible
 >>> schedule = solve(graph, budget_bytes, method="dp")           # doctest: +SKIP

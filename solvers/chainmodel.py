@@ -1,4 +1,5 @@
-"""The heterogeneous chain model of Beaumont et al. (rotor), as SPEC.md fixes it.
+"""The heterogeneous chain model of Beaumont et al. (rotor), as docs/contract.md ("The chain
+model") fixes it.
 
 Beaumont, Eyraud-Dubois, Herrmann, Joly, Shilova, "Optimal checkpointing for heterogeneous chains:
 how to train deep neural networks with limited memory" (2019). Stages ``F_0..F_{L-1}``, then the loss

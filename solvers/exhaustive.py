@@ -1,8 +1,8 @@
 """Exhaustive search over every compute/free sequence: the reference optimum for small graphs.
 
 The search runs over states ``(held, done)``: bit masks of the held results and of the nodes
-computed at least once. From a state, ``compute v`` and ``free v`` are the moves of SPEC's semantics
-(SPEC.md, "The schedule"); a schedule is a path from the empty state to one where every node is done
+computed at least once. From a state, ``compute v`` and ``free v`` are the moves of the simulator's rules
+(docs/schedule.md); a schedule is a path from the empty state to one where every node is done
 and every output is held.
 
 - :func:`min_cost_schedule` is A* on compute cost under the memory budget, with the admissible bound

@@ -1,8 +1,8 @@
 """The cost graph: validation and the read-only views every solver shares.
 
-A cost graph is a ``networkx.DiGraph``; SPEC.md fixes ``cost`` (seconds), ``mem`` (bytes) and
-``output``. Two optional attributes extend it (docs/costgraph.md); graphs without them behave
-exactly as SPEC says:
+A cost graph is a ``networkx.DiGraph`` whose nodes carry ``cost`` (seconds), ``mem`` (bytes) and
+optionally ``output`` (docs/costgraph.md). Two more optional attributes extend that basic model;
+a graph without them behaves as one whose nodes all have ``workspace=0`` and ``pinned=False``:
 
 - ``workspace`` (int bytes, default 0): transient memory while the node is being computed,
   released when it finishes (the scratch space of a fused group of ops).

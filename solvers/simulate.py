@@ -1,4 +1,4 @@
-"""Execute a schedule on a cost graph, exactly by SPEC's rules (SPEC.md, "The schedule").
+"""Execute a schedule on a cost graph, exactly by the rules of docs/schedule.md.
 
 From an empty set of held results:
 

@@ -1,4 +1,4 @@
-"""What every method's solve() promises, checked at one budget (SPEC.md, "Solvers")."""
+"""What every method's solve() promises, checked at one budget (docs/contract.md, "The solver contract")."""
 
 from __future__ import annotations
 

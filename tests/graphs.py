@@ -1,6 +1,6 @@
 """Cost graphs for tests: random DAGs, chains, skip-connection graphs and training graphs.
 
-Every generator is deterministic in its ``seed`` and returns a valid cost graph (SPEC.md): ``cost``
+Every generator is deterministic in its ``seed`` and returns a valid cost graph (docs/costgraph.md): ``cost``
 float seconds, ``mem`` int bytes, ``output`` on the nodes that must be held at the end.
 """
 

@@ -21,7 +21,7 @@ from solvers.cpsat import (Backward, Counts, capped_lower_bound, essential_compu
 from solvers.exhaustive import min_cost_schedule, min_peak
 from solvers.graph import node_costs
 
-CHECKMATE_LINEAR = {  # ALGORITHMS.md, "Checkmate": unit training graphs, budget -> optimum
+CHECKMATE_LINEAR = {  # docs/algorithms.md, "Checkmate": unit training graphs, budget -> optimum
     4: {3: 15, 4: 11, 5: 10, 6: 9},
     8: {3: 45, 4: 26, 5: 22, 6: 21, 7: 20, 8: 19, 9: 18, 10: 17},
 }
@@ -58,7 +58,7 @@ def sweep(graph, **options) -> int:
 # -- known optima ---------------------------------------------------------------------------------
 @pytest.mark.parametrize("hints", [True, False])
 def test_checkmate_trap_is_solved_by_changing_the_order(hints):
-    """ALGORITHMS.md, Checkmate trap 1: a fixed first-computation order gives 13; the optimum is 10."""
+    """docs/algorithms.md, Checkmate trap 1: a fixed first-computation order gives 13; the optimum is 10."""
     graph = nx.DiGraph()
     for node, (cost, mem) in enumerate(zip([3, 1, 1, 5], [1, 2, 2, 3])):
         graph.add_node(node, cost=float(cost), mem=mem)

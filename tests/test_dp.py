@@ -245,7 +245,7 @@ def test_trap_1_option_b_counts_the_live_gradient(monkeypatch):
 
 @cache
 def t_dp(l: int, s: int) -> int:
-    """Griewank-Walther's t(l, s) in its DP form (ALGORITHMS.md)."""
+    """Griewank-Walther's t(l, s) in its DP form (docs/algorithms.md, "Revolve")."""
     if l == 1:
         return 0
     if s == 1:

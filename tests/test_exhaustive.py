@@ -28,7 +28,7 @@ def test_checkmate_linear_training_graph_optima(layers):
 
 
 def test_order_free_optimum_beats_checkmates_fixed_order():
-    """ALGORITHMS.md, Checkmate trap 1: the true optimum computes node 3 before 1 and 2."""
+    """docs/algorithms.md, Checkmate trap 1: the true optimum computes node 3 before 1 and 2."""
     g = nx.DiGraph()
     for node, (cost, mem) in enumerate(zip([3, 1, 1, 5], [1, 2, 2, 3])):
         g.add_node(node, cost=float(cost), mem=mem)

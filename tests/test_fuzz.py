@@ -153,7 +153,7 @@ def test_solve_gives_a_valid_schedule_within_budget_or_a_documented_error(method
     except Infeasible as error:
         assert _is_number(budget)
         assert error.min_budget is None or error.min_budget > int(budget), (error.min_budget, budget)
-        if error.min_budget is not None:  # SPEC: the smallest budget the method can meet
+        if error.min_budget is not None:  # docs/contract.md: the smallest budget the method can meet
             at_minimum = solve(graph, error.min_budget, method=method, time_limit=time_limit)
             assert simulate(graph, at_minimum).peak_bytes <= error.min_budget
         return

@@ -1,5 +1,5 @@
 """Every method, on random DAGs, chains and training graphs, at budgets from nothing to more than
-enough: a schedule that simulates valid within the budget, or Infeasible (SPEC.md, "Solvers").
+enough: a schedule that simulates valid within the budget, or Infeasible (docs/contract.md, "The solver contract").
 
 Per-method tests check optimality against exhaustive search; this one checks the shared contract
 over the same random graphs for all of them."""

@@ -1,4 +1,4 @@
-"""simulate() follows SPEC's rules exactly, and the schedule format round-trips through JSON."""
+"""simulate() follows the rules of docs/schedule.md exactly, and the schedule format round-trips through JSON."""
 
 import json
 
