@@ -10,6 +10,7 @@ from typing import Callable
 
 from .errors import Infeasible
 from .graph import validate
+from .options import check_options
 from .schedule import Schedule
 from .simulate import simulate
 
@@ -50,9 +51,13 @@ def solve(graph, budget_bytes, method: str = "auto", time_limit: float | None = 
 
     ``method`` is one of :data:`METHODS` or ``"auto"`` (see :mod:`solvers.auto`: the cheapest schedule
     of the methods that suit the graph; ``schedule.info.method`` names the one that made it).
-    ``time_limit`` (seconds) bounds the solvers that search; they return the best schedule found
-    and report in ``schedule.info`` whether it is proven optimal and the gap. Raises
-    :class:`Infeasible` (with ``min_budget``) when the method cannot meet the budget.
+    ``time_limit`` (seconds) bounds the solvers that search (each has a default,
+    :data:`solvers.options.DEFAULT_TIME_LIMIT`); they return the best schedule found and report in
+    ``schedule.info`` whether it is proven optimal and the gap. ``options`` are the method's own
+    (``slots=`` for revolve, ``backend=`` for ilp...); one it does not take raises ``TypeError``
+    naming those it does. Raises :class:`Infeasible` (with ``min_budget``) when the method cannot
+    meet the budget, and :class:`~solvers.errors.SolverTimeout` (a ``TimeoutError``) when the time
+    limit passes before it finds a schedule or proves its minimum budget.
     """
     validate(graph)
     budget = check_budget(budget_bytes)
@@ -62,6 +67,7 @@ def solve(graph, budget_bytes, method: str = "auto", time_limit: float | None = 
         from .auto import solve_auto as function
     else:
         function = method_function(method)
+    check_options(method, function, options)
     started = time.perf_counter()
     try:
         schedule = function(graph, budget, time_limit=time_limit, **options)

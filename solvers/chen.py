@@ -290,7 +290,7 @@ def sqrtn_starts(length: int) -> list[int]:
     return [sum(sizes[:k]) for k in range(count)]
 
 
-def solve_chen_sqrtn(graph, budget: int, time_limit: float | None = None, **options) -> Schedule:
+def solve_chen_sqrtn(graph, budget: int, time_limit: float | None = None) -> Schedule:
     """``chen-sqrtn``: ``ceil(sqrt(L))`` equal segments on the chain view; no knob, one plan.
 
     Returns store-all when it fits (status ``optimal``), else the sqrt(L) plan (``heuristic``);
@@ -402,7 +402,7 @@ def greedy_candidate_starts(view: ChainView) -> list[list[int]]:
     return candidates
 
 
-def solve_chen_greedy(graph, budget: int, time_limit: float | None = None, **options) -> Schedule:
+def solve_chen_greedy(graph, budget: int, time_limit: float | None = None) -> Schedule:
     """``chen-greedy``: Algorithm 3 of Chen et al. over a search of its threshold ``B``.
 
     The plans are :func:`greedy_candidate_starts` (every threshold of :func:`greedy_thresholds`,

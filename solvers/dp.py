@@ -20,7 +20,7 @@ Counting them inside ``m`` (rotor counts ``m`` without ``x_i``) makes every shif
       ``fw[i] + ... + fw[j-1] + C(j, l, m - x[i]) + C(i, j-1, m)``
       (ops ``CF_i Fn_{i+1} .. Fn_{j-1}``, then solve ``(j, l)``, then ``(i, j-1)``);
   (b) full history, if ``m >= x[i] + x[l+1] + G[l+1] + xbar[i+1] + ftmp[i]`` (``F_i`` with grad
-      while ``y_{l+1}`` is live: the check rotor's published code misses, ALGORITHMS.md trap 1) and
+      while ``y_{l+1}`` is live: the check rotor's published code misses, docs/algorithms.md trap 1) and
       ``m >= 2 x[i] + xbar[i+1] + x[i+1] + G[i] + btmp[i]`` (``B_i``):
       ``fw[i] + bw[i] + C(i+1, l, m - x[i] - xbar[i+1] + x[i+1])`` (ops ``Fe_i``, solve
       ``(i+1, l)``, ``B_i``; ``C(i+1, i, .) = 0``).
@@ -39,7 +39,7 @@ Two engines evaluate the recurrence:
   numpy-vectorised over the level and the split ``j``; each row is computed only between the
   sub-chain's least memory and the memory of its plan without recomputation. Exact when the
   unit is 1; with a coarser unit every size is rounded *up*, so the plan still fits (it may lose
-  time: rotor's 500 levels lose up to ~16% near tight budgets, ALGORITHMS.md trap 2).
+  time: rotor's 500 levels lose up to ~16% near tight budgets, docs/algorithms.md trap 2).
 - the *fronts* (:func:`_front_tables`): ``C(i, l, .)`` as its exact step function of memory (the
   memories at which it drops and its values), vectorised over all splits of a cell; one solve
   serves every budget, in bytes, at ~L^4 cost.
@@ -765,7 +765,7 @@ def _planning_views(graph) -> Iterator[ChainView]:
             yield coarsened(view, math.ceil(view.length / COARSE_STAGES))
 
 
-def solve_dp(graph, budget: int, time_limit: float | None = None, levels: int | None = None, **options) -> Schedule:
+def solve_dp(graph, budget: int, time_limit: float | None = None, levels: int | None = None) -> Schedule:
     """``dp`` on a cost graph: Beaumont et al.'s program on the chain views (solvers/chain.py).
 
     Store-all when it fits (status ``optimal``). Otherwise each view's chain is solved once for
@@ -776,8 +776,6 @@ def solve_dp(graph, budget: int, time_limit: float | None = None, levels: int | 
     least-memory chain plans, lowered. With ``time_limit`` (seconds), views not started when it
     is spent are skipped (the first, default view always runs).
     """
-    if options:
-        raise TypeError(f"dp: unknown option(s) {sorted(options)}; it accepts levels=")
     store_all = store_all_schedule(graph)
     outcome = simulate(graph, store_all)
     if outcome.peak_bytes <= budget:

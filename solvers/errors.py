@@ -17,6 +17,20 @@ class Infeasible(Exception):
         self.method = method
 
 
+class SolverTimeout(TimeoutError):
+    """The time limit passed before the method could answer: no schedule within the budget was
+    found, and the budget was not shown to be out of the method's reach with a proven minimum.
+
+    A ``TimeoutError`` (the CLI's exit status 4), never an :class:`Infeasible`: an infeasibility
+    verdict would claim a minimum budget that was not proven. The message says what is known (the
+    least peak found, a proven lower bound). ``method`` names the solver.
+    """
+
+    def __init__(self, message: str, method: str | None = None):
+        super().__init__(message)
+        self.method = method
+
+
 class InvalidGraph(ValueError):
     """The cost graph breaks the contract (see docs/costgraph.md): cyclic, bad attributes..."""
 

@@ -17,11 +17,11 @@ The constraint families (each block of :func:`build_model` says which): R[t,t] =
 lower-triangular structure (fixed values, not variables); dependencies ``R[t,k] <= R[t,i] +
 S[t,i]``; conservation (a result present in a stage is kept into the next or freed once); frees
 only after the last reader in the stage; the memory recursion and the budget. The paper's
-equation numbers are not cited here: this was written from ALGORITHMS.md's summary of the model,
-not from the paper's text. Where this model departs from that summary it says why:
+equation numbers are not cited here: this was written from the summary of the model in
+docs/algorithms.md ("Checkmate"), not from the paper's text. Where this model departs from that summary it says why:
 
 - memory while computing ``k`` is ``held + mem[k] + workspace[k]`` (docs/costgraph.md);
-- ``compute k`` while ``k`` is held is not allowed (SPEC.md): ``R[t,i] + S[t,i] <= 1``;
+- ``compute k`` while ``k`` is held is not allowed (docs/schedule.md): ``R[t,i] + S[t,i] <= 1``;
 - ``pinned`` nodes are computed once and held from then on (``S`` fixed to 1, no ``FREE``, no
   ``R`` after their stage), and ``output`` nodes are held at the end (a fixed ``S[n,i] = 1``);
 - the paper's product definition of ``FREE`` is written as upper bounds only (the memory budget
@@ -41,7 +41,7 @@ express meets the LP bound it is returned as proven optimal, otherwise it warm-s
 (HiGHS spends most of its time looking for a first incumbent on these models).
 ``mode="lp-rounding"`` stops after the roundings: for graphs too large to solve exactly.
 
-What the model cannot do (ALGORITHMS.md, "Checkmate", traps 1 and 2): other first-computation
+What the model cannot do (docs/algorithms.md, "Checkmate", traps 1 and 2): other first-computation
 orders, recomputing a node twice in one stage or out of index order, and computing anything after
 the last node's first computation (so an output that is not a sink is held, or recomputed, while
 the last node is computed). Its optimum can therefore
@@ -69,10 +69,13 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Sequence
 
-from .errors import Infeasible, SolverUnavailable
+from .bounds import BOUND_SECONDS, cost_lower_bound
+from .clock import Clock
+from .errors import Infeasible, SolverTimeout, SolverUnavailable
 from .graph import NodeCosts, is_topological_order, node_costs, validate
 from .liveness import drop_redundant_computes, schedule_from_computes
-from .schedule import COMPUTE, Schedule, SolverInfo
+from .options import schedule_from, time_limit_or_default
+from .schedule import COMPUTE, FEASIBLE, OPTIMAL, OPTIMAL_IN_ORDER, Schedule, SolverInfo
 from .simulate import simulate
 
 if TYPE_CHECKING:  # PuLP is imported where it is used: importing solvers must stay cheap
@@ -89,8 +92,6 @@ WARM_START_METHODS = ("chen-greedy", "dp")
 # Each warm-start heuristic gets at most this share of the time left: dp plans on several chain
 # views, and unbounded it took 4.7 s of a 30 s limit on the benchmark GPT-2's module graph.
 WARM_START_SHARE = 0.15
-# Time for the minimum-budget MILP when the caller gave no time limit.
-MIN_BUDGET_TIME_LIMIT = 60.0
 # Graphs above this many nodes are refused: a 200-node graph's model has ~10^5 variables and
 # ~2 x 10^5 rows and takes ~10 s and 330 MB to build in PuLP; both grow as n^2.
 MAX_NODES = 600
@@ -241,12 +242,15 @@ class _Rows:
 
 
 def build_model(costs: NodeCosts, budget: int | None, scales: Scales,
-                peak_bounds: tuple[int, int] | None = None) -> CheckmateModel:
+                peak_bounds: tuple[int, int] | None = None, clock: Clock | None = None) -> CheckmateModel:
     """Checkmate's MILP for a budget in bytes (``budget``), or, with ``budget=None``, the model
     that minimises the peak (``peak_bounds`` = (lower, upper) bytes) under the same constraints.
 
     The LP relaxation is the same model solved without integrality (``run_backend(relax=True)``).
+    Building takes ~n^2 Python steps (seconds at 200 nodes): with a ``clock`` it is checked once
+    per stage of each constraint family, and :class:`SolverTimeout` raised when the limit passes.
     """
+    clock = clock or Clock(None)
     import pulp
 
     started = time.perf_counter()
@@ -281,6 +285,7 @@ def build_model(costs: NodeCosts, budget: int | None, scales: Scales,
     # starts from S[t+1]), so those are left to the extraction.
     FREE = model.FREE
     for t in range(n):
+        clock.check("ilp", "building Checkmate's model (its FREE variables)")
         for k in slots[t][:-1]:
             for i in (*costs.preds[k], k):
                 if costs.pinned[i] or _is_one(s(t + 1, i)):
@@ -305,6 +310,7 @@ def build_model(costs: NodeCosts, budget: int | None, scales: Scales,
     # Dependencies: k can be computed in stage t only if each input is held entering the
     # stage or computed earlier in it (ascending order within a stage makes "earlier" = smaller).
     for t in range(n):
+        clock.check("ilp", "building Checkmate's model (its dependency rows)")
         for k in slots[t]:
             for i in costs.preds[k]:
                 if not _is_one(s(t, i)):
@@ -313,6 +319,7 @@ def build_model(costs: NodeCosts, budget: int | None, scales: Scales,
     # Conservation (the paper's S[t+1,i] <= S[t,i] + R[t,i], strengthened): a result present in
     # stage t (held entering or computed; never both) is kept into stage t+1 or freed once.
     for t in range(n):
+        clock.check("ilp", "building Checkmate's model (its conservation rows)")
         for i in range(t + 1):
             frees = frees_of.get((t, i), ())
             keep = s(t + 1, i)
@@ -342,8 +349,10 @@ def build_model(costs: NodeCosts, budget: int | None, scales: Scales,
         lower, upper = peak_bounds
         model.peak = variable("peak", upper / scales.mem_unit, lower / scales.mem_unit, binary=False)
         objective = pulp.LpAffineExpression([(model.peak, 1.0)])
+    clock.check("ilp", "building Checkmate's model (its free-after-last-use rows)")
     U = model.U
     for t in range(n):
+        clock.check("ilp", "building Checkmate's model (its memory rows)")
         previous = None
         for k in slots[t]:
             U[t, k] = variable(f"U_{t}_{k}", upper=None, binary=False)
@@ -506,10 +515,6 @@ class Outcome:
     values: dict = field(default_factory=dict)
 
 
-# The size of HiGHS's process-wide thread pool as this module last set it (None: never set).
-_highs_threads: int | None = None
-
-
 def _cbc(**options):
     """PuLP's bundled CBC (``PULP_CBC_CMD``), or ``COIN_CMD`` (a ``cbc`` on the PATH) where PuLP
     no longer bundles it. PuLP 3.3 marks ``PULP_CBC_CMD`` deprecated: the warning is silenced,
@@ -547,7 +552,7 @@ def check_backend(backend: str) -> None:
                                 "or use backend='highs'")
 
 
-def _highs_solver(time_limit, threads, warm: dict | None, relax: bool, gap_abs: float | None,
+def _highs_solver(ends_at: float | None, threads, warm: dict | None, relax: bool, gap_abs: float | None,
                   target: float | None = None):
     import highspy
     import numpy as np
@@ -568,6 +573,11 @@ def _highs_solver(time_limit, threads, warm: dict | None, relax: bool, gap_abs: 
         """
 
         def buildSolverModel(self, lp):
+            # Loading a model of 10^5-10^6 rows takes seconds: it is charged to the time limit.
+            def check(doing: str) -> None:
+                if ends_at is not None and time.perf_counter() > ends_at:
+                    raise SolverTimeout(f"ilp: the time limit passed while {doing}", method="ilp")
+
             solver = lp.solverModel
             variables = lp.variables()
             for position, var in enumerate(variables):
@@ -582,6 +592,8 @@ def _highs_solver(time_limit, threads, warm: dict | None, relax: bool, gap_abs: 
                 0, np.zeros(0, dtype=np.int32), np.zeros(0, dtype=np.int32), np.zeros(0, dtype=np.float64))
             starts, indices, values, lower, upper = [], [], [], [], []
             for position, row in enumerate(lp._constraints.values()):
+                if position % 4096 == 0:
+                    check("loading the model into HiGHS")
                 row.index = position
                 starts.append(len(indices))
                 for var, coefficient in row.items():
@@ -599,18 +611,19 @@ def _highs_solver(time_limit, threads, warm: dict | None, relax: bool, gap_abs: 
                                              np.full(len(integers), int(highspy.HighsVarType.kInteger), dtype=np.uint8))
 
         def callSolver(self, lp):
-            global _highs_threads
             if warm:
                 variables = lp.variables()
                 index = np.array([var.index for var in variables], dtype=np.int32)
                 value = np.array([warm.get(var, 0.0) for var in variables], dtype=np.float64)
                 lp.solverModel.setSolution(len(index), index, value)
-            if threads is not None and threads != _highs_threads:
+            if threads is not None:
                 # HiGHS keeps one thread pool per process, sized by the first run; a run asking
                 # for another size fails ("global scheduler has already been initialized")
-                # unless the pool is rebuilt first.
+                # unless the pool is rebuilt first. Rebuilding it for every run that names a
+                # size costs milliseconds and keeps no record of the pool in this module.
                 highspy.Highs.resetGlobalScheduler(True)
-                _highs_threads = threads
+            if ends_at is not None:  # what loading left of the limit, not the limit itself
+                lp.solverModel.setOptionValue("time_limit", max(0.01, ends_at - time.perf_counter()))
             lp.solverModel.run()
 
     options = {}
@@ -618,7 +631,7 @@ def _highs_solver(time_limit, threads, warm: dict | None, relax: bool, gap_abs: 
         options["mip_abs_gap"] = gap_abs
     if target is not None:
         options["objective_target"] = target
-    return FastHighs(mip=not relax, msg=False, timeLimit=time_limit, threads=threads, **options)
+    return FastHighs(mip=not relax, msg=False, threads=threads, **options)
 
 
 def _run_highs(model: CheckmateModel, time_limit, threads, warm, relax, gap_abs, target=None) -> Outcome:
@@ -626,7 +639,8 @@ def _run_highs(model: CheckmateModel, time_limit, threads, warm, relax, gap_abs,
     import pulp
 
     problem = model.problem
-    problem.solve(_highs_solver(time_limit, threads, warm, relax, gap_abs, target))
+    ends_at = None if time_limit is None else time.perf_counter() + time_limit
+    problem.solve(_highs_solver(ends_at, threads, warm, relax, gap_abs, target))
     highs = problem.solverModel
     status = highs.getModelStatus()
     info = highs.getInfo()
@@ -753,37 +767,18 @@ def model_lower_bound(costs: NodeCosts) -> int:
     return bound
 
 
-class _Deadline:
-    """The time left of the caller's limit (``None``: no limit)."""
-
-    def __init__(self, time_limit: float | None):
-        self.started = time.perf_counter()
-        self.limit = time_limit
-
-    def left(self) -> float | None:
-        if self.limit is None:
-            return None
-        return max(0.0, self.limit - (time.perf_counter() - self.started))
-
-
-def warm_start_candidates(graph, budget: int, deadline: _Deadline) -> list[Candidate]:
+def warm_start_candidates(graph, budget: int, deadline: Clock) -> list[Candidate]:
     """Schedules from the heuristic methods that fit ``budget``, cheapest first.
 
-    The chain methods are written by others and may be missing or unfinished: any failure of
-    theirs only means one warm start fewer, so every exception is swallowed here.
+    A method that is infeasible, out of time or unavailable gives none
+    (:func:`solvers.options.schedule_from`); any other failure of it is a bug and propagates.
     """
-    from .api import solve
-
     found = []
     for method in WARM_START_METHODS:
-        left = deadline.left()
-        if left is not None and left <= 0:
+        if deadline.expired():
             break
-        try:
-            schedule = solve(graph, budget, method, time_limit=None if left is None else left * WARM_START_SHARE)
-        except Exception:  # noqa: BLE001 - Infeasible, ImportError, ValueError, or a bug elsewhere
-            continue
-        candidate = _candidate(graph, schedule, budget, method)
+        schedule = schedule_from(graph, budget, method, deadline.share(WARM_START_SHARE))
+        candidate = None if schedule is None else _candidate(graph, schedule, budget, method)
         if candidate is not None:
             found.append(candidate)
     return sorted(found, key=lambda c: c.cost)
@@ -845,7 +840,7 @@ def minimum_budget(graph, costs: NodeCosts, backend: str, time_limit: float | No
     With ``stop_at`` (bytes) the search stops at the first schedule that peaks at most that: a
     feasibility search for a tight budget.
     """
-    deadline = _Deadline(time_limit)
+    deadline = Clock(time_limit)
     scales = Scales.of(costs)
     lower = model_lower_bound(costs)
     nothing_held = [{i for i in range(t) if costs.pinned[i]} for t in range(costs.n)]
@@ -856,7 +851,7 @@ def minimum_budget(graph, costs: NodeCosts, backend: str, time_limit: float | No
     if best.peak <= lower:
         return MinimumBudget(best.peak, best, True)
 
-    model = build_model(costs, None, scales, peak_bounds=(lower, best.peak))
+    model = build_model(costs, None, scales, peak_bounds=(lower, best.peak), clock=deadline)
     relaxed = run_backend(model, backend, deadline.left(), threads, relax=True)
     if relaxed.optimal and relaxed.objective is not None:
         bound = relaxed.objective * scales.mem_unit
@@ -885,27 +880,36 @@ def minimum_budget(graph, costs: NodeCosts, backend: str, time_limit: float | No
     return MinimumBudget(best.peak, best, outcome.optimal or best.peak <= lower)
 
 
-def _no_schedule(graph, costs, budget, backend, deadline: _Deadline, threads, why: str, exact: bool) -> Schedule:
-    """Raise :class:`Infeasible` with the model's minimum budget in it.
+def _no_schedule(graph, costs, budget, backend, deadline: Clock, threads, why: str, exact: bool) -> Schedule:
+    """Raise :class:`Infeasible` with the model's minimum budget in it (``why``: the proof that
+    ``budget`` is out of the model's reach).
 
     Should the search for the minimum find a schedule within ``budget`` after all (the only way is
-    a solver tolerance misjudging the budget rows by a few bytes), that schedule is returned.
+    a solver tolerance misjudging the budget rows by a few bytes), that schedule is returned. When
+    the time limit passes before the exact minimum is proven, :class:`SolverTimeout` is raised
+    instead: an ``Infeasible`` would report an unproven minimum as the least budget (issue 17:
+    "minimum 194 MiB" after 1 s, where 122 MiB is met with 120 s). With ``exact=False``
+    (lp-rounding) the minimum is the least that method's search reaches, said to be unproven.
     """
-    left = deadline.left()
-    limit = MIN_BUDGET_TIME_LIMIT if left is None else max(1.0, left)
-    least = minimum_budget(graph, costs, backend, limit, threads, exact=exact)
+    try:
+        least = minimum_budget(graph, costs, backend, deadline.left(), threads, exact=exact)
+    except SolverTimeout as error:
+        raise SolverTimeout(f"{why}, and {error}; its least budget is unknown", method="ilp") from None
     if least.peak <= budget:
         found = least.schedule
-        return _finish(found, budget, "feasible", None, f"{why}, but a schedule that minimises the peak fits")
-    qualifier = "" if least.proven else (
-        f" (not proven minimal{f' within {limit:.0f} s' if exact else ''}: a budget the model can meet)")
+        return _finish(found, budget, FEASIBLE, None, f"{why}, but a schedule that minimises the peak fits")
+    if exact and not least.proven:
+        raise SolverTimeout(f"ilp: {why}, so {budget} bytes is out of reach of Checkmate's model, but its least "
+                            f"budget was not proven within the time limit of {deadline.limit:g} s (the least "
+                            f"peak found is {least.peak} bytes, not proven minimal)", method="ilp")
+    qualifier = "" if least.proven else " (not proven minimal: a budget the model can meet)"
     raise Infeasible(f"{why}; Checkmate's model (fixed first-computation order) needs at least {least.peak} bytes"
                      f"{qualifier}", min_budget=least.peak, method="ilp")
 
 
-def _out_of_time(budget: int, deadline: _Deadline) -> TimeoutError:
-    return TimeoutError(f"ilp: no schedule within {budget} bytes found in the time limit ({deadline.limit} s); "
-                        "the budget is neither met nor proven infeasible")
+def _out_of_time(budget: int, deadline: Clock) -> SolverTimeout:
+    return SolverTimeout(f"ilp: no schedule within {budget} bytes found in the time limit ({deadline.limit:g} s); "
+                         "the budget is neither met nor proven infeasible", method="ilp")
 
 
 def _finish(found: Candidate, budget: int, status: str, bound: float | None, message: str) -> Schedule:
@@ -923,12 +927,24 @@ def _low_memory_start(graph, costs, budget, backend, deadline, threads) -> list[
     return [Candidate(least.schedule.schedule, least.schedule.cost, least.peak, "a least-memory schedule")]
 
 
+def _or_best_candidate(solve, candidates: Sequence[Candidate], budget: int) -> Schedule:
+    """``solve()``, or, when the time limit passes before it has a schedule (the model may take
+    longer to build than the limit allows), the cheapest candidate, which fits the budget."""
+    try:
+        return solve()
+    except SolverTimeout as error:
+        if not candidates:
+            raise
+        best = min(candidates, key=lambda c: c.cost)
+        return _finish(best, budget, FEASIBLE, None, f"{error}; returning the cheapest start ({best.source})")
+
+
 def _solve_exact(graph, costs, budget, backend, deadline, threads, candidates, warm_start, samples, rng) -> Schedule:
     scales = Scales.of(costs)
     messages = []
     pool = [c for c in candidates if expressible(graph, costs, c.schedule)]
     lp_bound = None
-    model = build_model(costs, budget, scales)
+    model = build_model(costs, budget, scales, clock=deadline)
     if warm_start:
         # The LP relaxation first: it proves infeasibility cheaply, its roundings are often optimal
         # (HiGHS otherwise spends most of its time looking for a first incumbent), and when the
@@ -939,7 +955,7 @@ def _solve_exact(graph, costs, budget, backend, deadline, threads, candidates, w
                                 f"the LP relaxation is infeasible at {budget} bytes", exact=True)
         lp_bound = rounded.lower_bound
         pool += [rounded.best] if rounded.best is not None else []
-        if not pool and deadline.left() == 0:
+        if not pool and deadline.expired():
             raise _out_of_time(budget, deadline)
         if not pool:
             # A tight budget: nothing cheap fits. Without a start HiGHS can spend minutes before
@@ -956,18 +972,18 @@ def _solve_exact(graph, costs, budget, backend, deadline, threads, candidates, w
                                  min_budget=least.peak, method="ilp")
     pool.sort(key=lambda c: c.cost)
     if pool and _proven(pool[0].cost, lp_bound):
-        return _finish(pool[0], budget, "optimal", lp_bound, f"{pool[0].source} meets the LP bound")
+        return _finish(pool[0], budget, OPTIMAL, lp_bound, f"{pool[0].source} meets the LP bound")
 
     model_budget = float(budget)
     for _attempt in range(TIGHTEN_ATTEMPTS + 1):
         model.set_budget(math.floor(model_budget))
         warm, started_from = _best_start(model, graph, pool)
-        if started_from is None and deadline.left() == 0:
+        if started_from is None and deadline.expired():
             raise _out_of_time(budget, deadline)
-        if started_from is not None and deadline.left() == 0:
+        if started_from is not None and deadline.expired():
             # Loading the model into the backend alone takes seconds at 200 nodes: not past the limit.
             messages.append(f"time limit reached before the MILP; returning the cheapest start ({started_from.source})")
-            return _finish(started_from, budget, "feasible", lp_bound, "; ".join(messages))
+            return _finish(started_from, budget, FEASIBLE, lp_bound, "; ".join(messages))
         outcome = run_backend(model, backend, deadline.left(), threads, warm)
         if outcome.infeasible:
             return _no_schedule(graph, costs, budget, backend, deadline, threads,
@@ -984,7 +1000,7 @@ def _solve_exact(graph, costs, budget, backend, deadline, threads, candidates, w
                 raise RuntimeError(f"ilp: the {backend} backend ended without a verdict on the MILP")
             if started_from is not None:  # the backend dropped the start; it is still a valid answer
                 messages.append("time limit reached; returning the warm start")
-                return _finish(started_from, budget, "feasible", bound, "; ".join(messages))
+                return _finish(started_from, budget, FEASIBLE, bound, "; ".join(messages))
             raise _out_of_time(budget, deadline)
         schedule = schedule_of_order(graph, costs, compute_order(model, outcome.values))
         found = _candidate(graph, schedule, budget, "milp")
@@ -996,8 +1012,8 @@ def _solve_exact(graph, costs, budget, backend, deadline, threads, candidates, w
             continue
         if started_from is not None and started_from.cost < found.cost:
             found = started_from  # an incumbent worse than its own start: only by the solver's tolerance
-        status = "optimal" if outcome.optimal and not tightened else "feasible"
-        if status == "optimal" and bound is None:
+        status = OPTIMAL if outcome.optimal and not tightened else FEASIBLE
+        if status == OPTIMAL and bound is None:
             bound = found.cost
         if not outcome.optimal:
             messages.append("time limit reached before optimality was proven")
@@ -1063,7 +1079,7 @@ class Rounded:
     tried: int  # distinct compute orders simulated
 
 
-def lp_rounding(model: CheckmateModel, graph, budget: int, backend: str, deadline: _Deadline, threads: int | None,
+def lp_rounding(model: CheckmateModel, graph, budget: int, backend: str, deadline: Clock, threads: int | None,
                 samples: int, rng: random.Random, fractions: Sequence[float] = LP_BUDGET_FRACTIONS) -> Rounded:
     """Checkmate §5: solve the LP relaxation, round ``S`` (thresholds, then Bernoulli samples), take
     the least recomputation for each rounding, and keep the cheapest whose simulated peak fits.
@@ -1124,7 +1140,7 @@ def _proven(cost: float, bound: float | None) -> bool:
 
 
 def _solve_lp_rounding(graph, costs, budget, backend, deadline, threads, candidates, samples, seed) -> Schedule:
-    model = build_model(costs, budget, Scales.of(costs))
+    model = build_model(costs, budget, Scales.of(costs), clock=deadline)
     rounded = lp_rounding(model, graph, budget, backend, deadline, threads, samples, random.Random(seed))
     if rounded.infeasible:
         return _no_schedule(graph, costs, budget, backend, deadline, threads,
@@ -1138,9 +1154,39 @@ def _solve_lp_rounding(graph, costs, budget, backend, deadline, threads, candida
                          f"every rounding overshoots); the least peak it reaches is {least.peak} bytes, not proven "
                          "minimal: mode='exact' may meet smaller budgets", min_budget=least.peak, method="ilp")
     best = min(pool, key=lambda c: c.cost)
-    status = "optimal" if _proven(best.cost, rounded.lower_bound) else "feasible"
+    status = OPTIMAL if _proven(best.cost, rounded.lower_bound) else FEASIBLE
     message = f"LP relaxation + rounding ({rounded.tried} roundings); best from {best.source}"
     return _finish(best, budget, status, rounded.lower_bound, message)
+
+
+def _order_free(schedule: Schedule, bound: float) -> Schedule:
+    """The schedule's report made true over every order of computation.
+
+    The model's optimum and its bounds (MILP, LP) hold only in its fixed order of first
+    computations; ``bound`` (:func:`solvers.bounds.cost_lower_bound`, seconds) holds in every order.
+    So: ``optimal`` only where ``bound`` meets the cost; a schedule the model proved optimal is
+    otherwise ``optimal-in-order``; ``lower_bound`` and ``gap`` are ``bound``'s, and the in-order
+    gap goes into the message.
+    """
+    info = schedule.info
+    cost = info.compute_cost
+    if math.isinf(bound):  # no schedule fits, yet this one does: a bug in the bound
+        raise AssertionError(f"ilp: the order-free cost bound says no schedule fits {info.budget_bytes} bytes")
+    notes = []
+    if _proven(cost, bound):
+        status = OPTIMAL
+    elif info.status == OPTIMAL:
+        status = OPTIMAL_IN_ORDER
+        notes.append("optimal in its order of first computations (Checkmate's model fixes that order; "
+                     "a schedule in another order may be cheaper)")
+    else:
+        status = FEASIBLE
+        if info.gap is not None:
+            notes.append(f"gap {info.gap:.2%} in its order of first computations")
+    lower = min(bound, cost)
+    gap = 0.0 if cost <= 0 or status == OPTIMAL else (cost - lower) / cost
+    message = "; ".join(notes + ([info.message] if info.message else []))
+    return schedule.with_info(status=status, lower_bound=lower, gap=gap, message=message)
 
 
 def solve_ilp(graph, budget: int, time_limit: float | None = None, *, backend: str = "highs",
@@ -1150,12 +1196,15 @@ def solve_ilp(graph, budget: int, time_limit: float | None = None, *, backend: s
     """Checkmate's MILP for ``graph`` under ``budget`` bytes (see the module docstring).
 
     ``backend``: "highs" (highspy through PuLP) or "cbc" (PuLP's bundled CBC). ``mode``: "exact"
-    (the MILP; ``status`` "optimal" when proven, else "feasible" with ``gap`` and ``lower_bound``
-    when the time limit stops it) or "lp-rounding" (the LP relaxation and randomized rounding, for
-    graphs too large to solve exactly: ``status`` "feasible", or "optimal" when the LP value
-    proves it; ``lower_bound`` the LP value). ``time_limit`` bounds the whole call (heuristic warm
-    starts, solve, minimum budget) where it can; the minimum budget of an infeasible call gets at
-    least a second. ``warm_start``: start from the cheapest heuristic or LP-rounded schedule the
+    (the MILP) or "lp-rounding" (the LP relaxation and randomized rounding, for graphs too large to
+    solve exactly). The model fixes the order of first computations, so its proofs hold in that
+    order only: ``status`` is "optimal-in-order" when the MILP (or the LP value) proves the schedule
+    optimal in its order, "optimal" only when :func:`solvers.bounds.cost_lower_bound`, a bound over
+    every order, meets its cost, else "feasible"; ``lower_bound`` and ``gap`` are that order-free
+    bound's, and the message gives the gap in the model's order. ``time_limit`` (seconds; default
+    :data:`solvers.options.DEFAULT_TIME_LIMIT`) bounds the whole call: heuristic warm starts,
+    building the model, loading it into the backend, solving, the minimum budget. When it passes
+    the cheapest start within the budget is returned, or :class:`SolverTimeout` raised. ``warm_start``: start from the cheapest heuristic or LP-rounded schedule the
     model expresses (False: the bare MILP). ``warm_starts``: schedules of ``graph`` to start from
     besides the heuristics' (another solver's, a previous plan's); those within the budget join the
     candidates, and when one is the cheapest its first-computation order becomes the model's, so the
@@ -1167,20 +1216,20 @@ def solve_ilp(graph, budget: int, time_limit: float | None = None, *, backend: s
     check_backend(backend)
     if mode not in MODES:
         raise ValueError(f"unknown ilp mode {mode!r}; accepted: {', '.join(MODES)}")
-    deadline = _Deadline(time_limit)
+    deadline = Clock(time_limit_or_default(time_limit))
     n = graph.number_of_nodes()
     if n > max_nodes:
         raise ValueError(f"ilp: the graph has {n} nodes; Checkmate's model would have ~{n ** 2:,} "
                          f"binaries, more than PuLP builds in reasonable time and memory (limit: max_nodes="
                          f"{max_nodes}). Use a coarser profile, or the cpsat, dp or chen-greedy methods")
     if n == 0:
-        return _finish(Candidate(Schedule([]), 0.0, 0, "empty graph"), budget, "optimal", 0.0, "empty graph")
+        return _finish(Candidate(Schedule([]), 0.0, 0, "empty graph"), budget, OPTIMAL, 0.0, "empty graph")
 
     # Store-all computes every node once: no schedule is cheaper, so when it fits it is optimal.
     trace_costs = node_costs(graph)
     store_all = _candidate(graph, schedule_of_order(graph, trace_costs, range(n)), None, "store-all")
     if store_all.peak <= budget:
-        return _finish(store_all, budget, "optimal", store_all.cost, "store-all fits")
+        return _finish(store_all, budget, OPTIMAL, store_all.cost, "store-all fits")
 
     given = _given_candidates(graph, budget, warm_starts)
     candidates = sorted(given + (warm_start_candidates(graph, budget, deadline) if warm_start else []),
@@ -1190,13 +1239,19 @@ def solve_ilp(graph, budget: int, time_limit: float | None = None, *, backend: s
     # gradient's consumers in a different order than the trace did), else the trace's order.
     order = next((o for o in (first_computation_order(graph, c.schedule) for c in candidates) if o), None)
     costs = trace_costs if order is None else node_costs(graph, order)
+    # What every schedule within the budget costs, in any order: the only bound worth reporting.
+    order_free = cost_lower_bound(costs, budget, min(BOUND_SECONDS, 0.1 * (deadline.left() or 0.0)))
     bound = model_lower_bound(costs)
     if budget < bound and not candidates:
-        return _no_schedule(graph, costs, budget, backend, deadline, threads,
-                            f"{budget} bytes is below {bound} bytes, what some computation needs at once",
-                            exact=mode == "exact")
+        return _order_free(_no_schedule(graph, costs, budget, backend, deadline, threads,
+                                        f"{budget} bytes is below {bound} bytes, what some computation needs at once",
+                                        exact=mode == "exact"), order_free)
     if mode == "exact":
-        return _solve_exact(graph, costs, budget, backend, deadline, threads, candidates, warm_start,
-                            rounding_samples, random.Random(seed))
-    return _solve_lp_rounding(graph, costs, budget, backend, deadline, threads, candidates,
-                              rounding_samples, seed)
+        schedule = _or_best_candidate(
+            lambda: _solve_exact(graph, costs, budget, backend, deadline, threads, candidates, warm_start,
+                                 rounding_samples, random.Random(seed)), candidates, budget)
+    else:
+        schedule = _or_best_candidate(
+            lambda: _solve_lp_rounding(graph, costs, budget, backend, deadline, threads, candidates,
+                                       rounding_samples, seed), candidates, budget)
+    return _order_free(schedule, order_free)

@@ -203,8 +203,7 @@ def revolve_candidates(view: ChainView, slots: int | None = None) -> list[Candid
     return [revolve_candidate(view, s, base, stage_seconds) for s in counts]
 
 
-def solve_revolve(graph, budget: int, time_limit: float | None = None, slots: int | None = None,
-                  **options) -> Schedule:
+def solve_revolve(graph, budget: int, time_limit: float | None = None, slots: int | None = None) -> Schedule:
     """``revolve``: the binomial schedule on the chain view, with the slot count searched.
 
     Returns store-all when it fits (status ``optimal``); else the cheapest slot count whose lowered

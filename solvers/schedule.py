@@ -1,7 +1,7 @@
 """The schedule: the one output format of every solver.
 
-A schedule is a list of steps ``("compute", v)`` or ``("free", v)`` over a cost graph (SPEC.md,
-"The schedule"). :class:`Schedule` carries the steps and what the solver knows about them: which
+A schedule is a list of steps ``("compute", v)`` or ``("free", v)`` over a cost graph
+(docs/schedule.md). :class:`Schedule` carries the steps and what the solver knows about them: which
 method made it, whether it is proven optimal, the proven gap. It serialises to JSON with node ids
 as strings.
 """
@@ -18,15 +18,27 @@ STEP_KINDS = (COMPUTE, FREE)
 
 Step = tuple[str, Hashable]
 
+# A solver's status (SolverInfo.status).
+OPTIMAL = "optimal"  # no valid schedule within the budget is cheaper, in any order of computation
+# Optimal among the schedules with the method's fixed order of first computations (ilp), not
+# proven over every order: a schedule in another order may be cheaper.
+OPTIMAL_IN_ORDER = "optimal-in-order"
+FEASIBLE = "feasible"  # valid and within the budget; gap and lower_bound say how far from optimal
+HEURISTIC = "heuristic"  # valid and within the budget; the method makes no optimality claim
+STATUSES = (OPTIMAL, OPTIMAL_IN_ORDER, FEASIBLE, HEURISTIC)
+
 
 @dataclass(frozen=True)
 class SolverInfo:
     """What a solver reports with its schedule.
 
-    ``status`` is ``"optimal"`` (proven optimal for the method's model), ``"feasible"`` (a valid
+    ``status`` is one of :data:`STATUSES`: ``"optimal"`` (proven: no schedule within the budget is
+    cheaper, in any order of computation), ``"optimal-in-order"`` (proven only among the schedules
+    with the method's fixed order of first computations: ``ilp``), ``"feasible"`` (a valid
     schedule, optimality not proven: see ``gap``) or ``"heuristic"`` (the method makes no optimality
-    claim). ``gap`` is the relative gap between the schedule's cost and the best proven lower bound
-    ``lower_bound`` (seconds), both in the solver's own model; ``None`` when not known.
+    claim). ``lower_bound`` (seconds) is a cost no valid schedule within the budget goes below, in
+    any order (``None`` when none is known), and ``gap`` the relative gap of the schedule's cost
+    above it; a bound that holds only in a method's own order is never reported here.
     ``predicted_peak_bytes`` and ``compute_cost`` are what :func:`solvers.simulate` says of the
     schedule. ``message`` says anything a user should know (what ``auto`` chose and why, a time limit
     that was hit).
@@ -44,15 +56,16 @@ class SolverInfo:
 
     @property
     def optimal(self) -> bool:
-        return self.status == "optimal"
+        """Proven optimal over every schedule (``optimal-in-order`` is not)."""
+        return self.status == OPTIMAL
 
 
 @dataclass(frozen=True)
 class Schedule(Sequence):
     """An immutable sequence of ``(kind, node)`` steps plus the solver's report.
 
-    It behaves as the list of steps (``len``, indexing, iteration), so code that expects SPEC's
-    "list of steps" can use it as one.
+    It behaves as the list of steps (``len``, indexing, iteration), so code that expects a plain
+    list of steps (docs/schedule.md) can use it as one.
     """
 
     steps: tuple[Step, ...]

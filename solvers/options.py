@@ -1,0 +1,64 @@
+"""What every method shares about how it is called: its options, its default time limit, and how
+it asks another method for a schedule (a warm start, a hint).
+
+- :func:`check_options`: an option a method does not take is refused, by every method alike, with a
+  ``TypeError`` that names the options it accepts (a misspelt ``slotz=3`` must not be ignored).
+- :data:`DEFAULT_TIME_LIMIT`: the seconds a searching method (``ilp``, ``cpsat``, ``exhaustive``)
+  takes when the caller gives no limit, so that no call runs unbounded.
+- :func:`schedule_from`: another method's schedule, or ``None`` when that method cannot give one
+  (infeasible, out of time, its library missing). Anything else is a bug and propagates.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Callable
+
+from .errors import Infeasible, SolverUnavailable
+from .schedule import Schedule
+
+# Seconds a searching method may take when the caller gives no time limit (docs/solvers.md): long
+# enough for the exact methods to prove optimality on the graphs of the benchmark that they can
+# prove at all, short enough that a call never hangs (issue 17: cpsat below the minimum budget of
+# a 33-node graph ran for more than 600 s without a limit).
+DEFAULT_TIME_LIMIT = 300.0
+
+# The positional arguments of every method function; everything else it takes is an option.
+_ARGUMENTS = ("graph", "budget", "time_limit")
+
+
+def time_limit_or_default(time_limit: float | None) -> float:
+    """The caller's limit (seconds), or :data:`DEFAULT_TIME_LIMIT` when none is given."""
+    return DEFAULT_TIME_LIMIT if time_limit is None else float(time_limit)
+
+
+def accepted_options(function: Callable[..., Schedule]) -> list[str]:
+    """The option names (keyword arguments besides graph, budget and time_limit) ``function`` takes."""
+    parameters = inspect.signature(function).parameters.values()
+    return [p.name for p in parameters
+            if p.name not in _ARGUMENTS and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+
+
+def check_options(method: str, function: Callable[..., Schedule], options: dict) -> None:
+    """Raise ``TypeError`` naming the accepted options when ``options`` has one ``function`` does not take."""
+    accepted = accepted_options(function)
+    unknown = sorted(name for name in options if name not in accepted)
+    if unknown:
+        takes = ", ".join(f"{name}=" for name in accepted) if accepted else "no options"
+        raise TypeError(f"{method}: unknown option(s) {', '.join(map(repr, unknown))}; it accepts {takes} "
+                        "(and time_limit=)")
+
+
+def schedule_from(graph, budget: int, method: str, time_limit: float | None) -> Schedule | None:
+    """``method``'s schedule of ``graph`` within ``budget`` bytes (checked by :func:`solvers.solve`),
+    or ``None`` when the method has none to give: infeasible, out of time, or its library missing.
+
+    Only those three are caught: a method that fails otherwise (an invalid schedule, a crash) is a
+    bug that must be seen, not a warm start fewer.
+    """
+    from .api import solve  # late: api imports the methods lazily, some of which import this module
+
+    try:
+        return solve(graph, budget, method=method, time_limit=time_limit)
+    except (Infeasible, TimeoutError, SolverUnavailable):
+        return None
