@@ -162,7 +162,8 @@ def profile(
     ``example_inputs`` is a tuple of positional arguments or a dict of keyword arguments
     (docs/contract.md, "The Python API"); ``loss_fn(output) -> scalar`` is the loss to plan for
     (default: the sum of the output's floating-point tensors). ``granularity``: ``"module"``
-    (default: the finest module depth giving at most ~300 nodes), ``"module:N"`` or ``N`` (module paths cut at N levels), or ``"op"``.
+    (default: the finest module depth giving at most ~300 nodes), ``"module:N"`` or ``N`` (module
+    paths cut at N levels), or ``"op"``.
     Costs are medians of ``repeats`` measured runs, after one warm-up run. Model, buffers and RNG are
     left as they were.
 
