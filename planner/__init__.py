@@ -11,7 +11,8 @@ import importlib
 # Imported on first use: the command line parses its arguments and budget, and reports mistakes in
 # them, without paying for torch.
 _EXPORTS = {
-    "BudgetInfeasible": ".api", "FallbackWarning": ".api", "SolverError": ".api", "apply": ".api",
+    "BudgetInfeasible": ".api", "EXECUTORS": ".api", "FallbackWarning": ".api", "NativePlan": ".native",
+    "SolverError": ".api", "apply": ".api",
     "checkpoint": ".api", "load": ".api", "plan": ".api", "plan_untraceable": ".api",
     "ACCEPTED_FORMS": ".budget", "Budget": ".budget", "BudgetError": ".budget", "format_bytes": ".budget",
     "parse_budget": ".budget", "Plan": ".planfile", "PlanFileError": ".planfile",
@@ -35,7 +36,9 @@ __all__ = [
     "Budget",
     "BudgetError",
     "BudgetInfeasible",
+    "EXECUTORS",
     "FallbackWarning",
+    "NativePlan",
     "Plan",
     "PlanFileError",
     "SolverError",

@@ -1,4 +1,4 @@
-"""The Python API: ``plan``, ``checkpoint``, ``apply``, ``load`` (SPEC.md, "Python API")."""
+"""The Python API: ``plan``, ``checkpoint``, ``apply``, ``load`` (docs/contract.md, "The Python API")."""
 
 from __future__ import annotations
 
@@ -16,9 +16,16 @@ from .budget import format_bytes, parse_budget
 from .fallback import FallbackWarning, ModuleChainPlan, plan_module_chain
 from .footprint import held_besides_schedule
 from .granularity import noted, solve_over_groupings
+from .native import NativePlan, plan_native
 from .planfile import Plan, load
 
-__all__ = ["BudgetInfeasible", "FallbackWarning", "SolverError", "Plan", "apply", "checkpoint", "load", "plan", "plan_untraceable"]
+__all__ = ["BudgetInfeasible", "EXECUTORS", "FallbackWarning", "NativePlan", "SolverError", "Plan", "apply", "checkpoint",
+           "load", "plan", "plan_untraceable"]
+
+# native: torch.utils.checkpoint on the model's own modules (the default); traced: the profiled
+# graph's schedule replayed by runtime/module.py (any schedule, any solver).
+EXECUTORS = ("native", "traced")
+NATIVE_SOLVERS = ("auto", "regions")
 
 
 class BudgetInfeasible(Infeasible):
@@ -40,8 +47,15 @@ def plan(
     time_limit: float | None = None,
     granularity="module",
     profile: profiler.Profile | None = None,
+    executor: str | None = None,
 ) -> Plan:
     """Profile ``model``'s training step on ``example_inputs`` and solve for ``budget``.
+
+    ``executor`` says what will run the plan. ``"native"`` (the default with ``solver="auto"`` or
+    ``"regions"``): a :class:`NativePlan`, a set of the model's modules to wrap in non-reentrant
+    ``torch.utils.checkpoint`` (planner/native.py), predicted from the trace and measured once on the
+    example inputs. ``"traced"`` (the default with any other solver): any schedule of the profiled
+    graph, run by replaying the trace (runtime/module.py); the solvers of ``solvers.METHODS``.
 
     ``budget``: bytes of the whole step (``"12GB"``, ``"500MiB"``, an int) or a percentage of the
     un-checkpointed step's peak (``"60%"``). ``solver``: ``"auto"`` or a method of
@@ -64,6 +78,9 @@ def plan(
     checkpointed with torch.utils.checkpoint, its figures measured (see :func:`plan_untraceable`).
     """
     parsed = parse_budget(budget)
+    executor = _executor(executor, solver)
+    if executor == "native":
+        return _plan_native(model, example_inputs, parsed, loss_fn, time_limit, granularity, profile)
     if profile is None:
         try:
             profile = profiler.profile(model, example_inputs, loss_fn=loss_fn, granularity=granularity)
@@ -119,6 +136,32 @@ def plan(
     )
 
 
+def _executor(executor: str | None, solver: str) -> str:
+    if executor is None:
+        return "native" if solver in NATIVE_SOLVERS else "traced"
+    if executor not in EXECUTORS:
+        raise SolverError(f"executor {executor!r} is not one of {', '.join(EXECUTORS)}")
+    if executor == "native" and solver not in NATIVE_SOLVERS:
+        raise SolverError(
+            f"solver {solver!r} makes schedules of the traced graph, which only executor='traced' runs; the native "
+            f"executor takes solver {' or '.join(repr(s) for s in NATIVE_SOLVERS)}")
+    if executor == "traced" and solver == "regions":
+        raise SolverError("solver 'regions' plans for executor='native'")
+    return executor
+
+
+def _plan_native(model, example_inputs, parsed, loss_fn, time_limit, granularity, profile) -> Plan:
+    try:
+        return plan_native(model, example_inputs, parsed, loss_fn=loss_fn, time_limit=time_limit,
+                           granularity=granularity, profile=profile)
+    except profiler.TraceError as error:
+        return plan_untraceable(model, example_inputs, parsed, loss_fn=loss_fn, reason=error.reason)
+    except BudgetInfeasible:
+        raise
+    except Infeasible as error:
+        raise BudgetInfeasible(str(error), min_budget=error.min_budget, method=error.method) from None
+
+
 def _solve(profile, budget_bytes: int, solver: str, time_limit, search: bool):
     """:func:`solve_over_groupings`, and when the budget is out of its reach, again on the trace whose
     cross-entropy backward recomputes its log-probabilities from the logits (a logits' worth less
@@ -168,11 +211,21 @@ def plan_untraceable(model: torch.nn.Module, example_inputs, budget="100%", loss
 
 
 def apply(model: torch.nn.Module, plan: Plan, compile: bool = False) -> torch.nn.Module:
-    """A module sharing ``model``'s parameters whose training step runs ``plan`` (see runtime.apply;
-    a fallback plan checkpoints its blocks, runtime.apply_module_chain). ``compile=True`` runs the
-    schedule as two inductor-compiled graphs, one per side of the loss (see runtime.apply)."""
+    """The model, made to run ``plan`` in training.
+
+    A :class:`NativePlan` checkpoints its regions in ``model`` itself and returns ``model``, the same
+    object (runtime/native.py); :func:`runtime.native.remove_native` undoes it. A traced plan returns
+    a module sharing ``model``'s parameters whose training step replays the schedule (runtime.apply;
+    ``compile=True`` runs it as two inductor-compiled graphs, one per side of the loss); a fallback
+    plan checkpoints its blocks (runtime.apply_module_chain)."""
     if not isinstance(plan, Plan):
         raise TypeError(f"apply() takes a planner.Plan (from plan() or load()), got {type(plan).__name__}")
+    if isinstance(plan, NativePlan):
+        if compile:
+            raise ValueError(
+                "compile=True compiles a traced plan's schedule; a native plan runs the model's own forward with "
+                "torch.utils.checkpoint, which torch.compile honours: call torch.compile(model) after apply()")
+        return runtime.apply_native_plan(model, plan)
     if isinstance(plan, ModuleChainPlan):
         if compile:
             raise ValueError(
@@ -186,7 +239,11 @@ def apply(model: torch.nn.Module, plan: Plan, compile: bool = False) -> torch.nn
 
 def checkpoint(model: torch.nn.Module, example_inputs, budget="100%", compile: bool = False,
                **options) -> torch.nn.Module:
-    """``apply(model, plan(model, example_inputs, budget, **options), compile)``: the returned module
+    """``apply(model, plan(model, example_inputs, budget, **options), compile)``.
+
+    With the default native executor this is the one-call counterpart of Hugging Face's
+    ``model.gradient_checkpointing_enable()``: the same model object comes back, its chosen modules
+    checkpointed in place, sized to ``budget`` instead of every layer. A traced plan's module
     carries its plan as ``.plan``."""
     return apply(model, plan(model, example_inputs, budget, **options), compile=compile)
 

@@ -32,6 +32,15 @@ class PlanFileError(ValueError):
     """A plan file that cannot be read: not JSON, not a plan, or from an incompatible version."""
 
 
+class PlanWarning(UserWarning):
+    """A plan that loads but may not hold as it says: made with another torch version."""
+
+
+MAX_BYTES = 2**60  # 1 EiB (planner/budget.py): a larger figure in a plan file is not a measurement
+MAX_SECONDS = 1e9  # ~32 years: likewise for a time
+STATUSES = ("optimal", "feasible", "heuristic")
+
+
 @dataclass
 class Plan:
     """A solved plan. Byte figures are of the whole training step (``fixed_bytes`` included:
@@ -168,29 +177,33 @@ class Plan:
                 found = data.get("format") if isinstance(data, dict) else type(data).__name__
                 raise PlanFileError(f"{source} is not a plan-checkpoints plan (format {found!r}, expected {FORMAT!r})")
             graph = graph_from_dict(data["graph"])
-            schedule = Schedule.from_dict(data["schedule"], graph)
+            schedule = Schedule.from_dict(_mapping(data["schedule"], "schedule"), graph)
+            _check_info(schedule.info)
             specs = tuple(
                 TensorSpec(tuple(_whole_list(s["shape"])), _dtype(s["dtype"]), _text(s["device"]), False)
-                for s in _list(data["tangent_specs"])
+                for s in (_mapping(spec, "tangent_specs[]") for spec in _list(data["tangent_specs"]))
             )
             # Strict types: a file whose values merely convert ("12" for 12, a string for a list of
             # indices) was not written by save(); refuse it rather than guess.
             plan = cls(
-                schedule=schedule, graph=graph, budget_bytes=_whole(data["budget"]["bytes"]),
-                budget_text=_text(data["budget"]["text"]), fixed_bytes=_whole(data["fixed_bytes"]),
-                predicted_peak_bytes=_whole(data["predicted_peak_bytes"]),
-                unplanned_peak_bytes=_whole(data["unplanned_peak_bytes"]),
-                predicted_seconds=_seconds(data["predicted_seconds"]), unplanned_seconds=_seconds(data["unplanned_seconds"]),
+                schedule=schedule, graph=graph, budget_bytes=_whole(_mapping(data["budget"], "budget")["bytes"], "budget.bytes"),
+                budget_text=_text(data["budget"]["text"]), fixed_bytes=_whole(data["fixed_bytes"], "fixed_bytes"),
+                predicted_peak_bytes=_whole(data["predicted_peak_bytes"], "predicted_peak_bytes"),
+                unplanned_peak_bytes=_whole(data["unplanned_peak_bytes"], "unplanned_peak_bytes"),
+                predicted_seconds=_seconds(data["predicted_seconds"], "predicted_seconds"), unplanned_seconds=_seconds(data["unplanned_seconds"], "unplanned_seconds"),
                 fingerprint=_text(data["fingerprint"]), granularity=_text(data["granularity"]), device=_text(data["device"]),
                 torch_version=_text(data["torch_version"]), tangent_outputs=tuple(_whole_list(data["tangent_outputs"])),
                 tangent_specs=specs, inputs=[_text(s) for s in _list(data.get("inputs", []))],
-                model=_text(data.get("model", "")), profile_seconds=_seconds(data.get("profile_seconds", 0.0)),
+                model=_text(data.get("model", "")), profile_seconds=_seconds(data.get("profile_seconds", 0.0), "profile_seconds"),
                 autocast=_text(data.get("autocast", "")),
             )
         except PlanFileError:
             raise
-        except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as error:
-            raise PlanFileError(f"{source} is not a valid plan: {type(error).__name__}: {error}") from None
+        except KeyError as error:
+            raise PlanFileError(f"{source} is not a valid plan: it has no {error} field (plan files are written by "
+                                "plan-checkpoints; do not edit them)") from None
+        except (TypeError, ValueError, AttributeError, OverflowError, RecursionError) as error:
+            raise PlanFileError(f"{source} is not a valid plan: {error}") from None
         if graph.graph.get("fingerprint") != graph_fingerprint(graph):
             # The runtime re-traces the model and checks the plan's fingerprint against it; a graph
             # edited by hand would let a schedule through that the real graph cannot run.
@@ -198,6 +211,7 @@ class Plan:
         outcome = simulate(plan.graph, plan.schedule)
         if not outcome.valid:
             raise PlanFileError(f"{source}: its schedule is not valid for its own graph ({outcome.error})")
+        _warn_if_other_torch(plan.torch_version, source)
         return plan
 
 
@@ -216,15 +230,51 @@ def _text(value) -> str:
     return value
 
 
+def _mapping(value, what: str) -> dict:
+    if not isinstance(value, dict):
+        raise TypeError(f"{what} must be a JSON object, got {_kind(value)}")
+    return value
+
+
+def _kind(value) -> str:
+    names = {dict: "an object", list: "a list", str: "a string", bool: "a boolean", int: "a number",
+             float: "a number", type(None): "null"}
+    return names.get(type(value), type(value).__name__)
+
+
+def _check_info(info) -> None:
+    """The solver's report as save() writes it: the figures `show` prints are numbers in range."""
+    for name in ("method", "message"):
+        if not isinstance(getattr(info, name), str):
+            raise TypeError(f"schedule.{name} must be a string, got {_kind(getattr(info, name))}")
+    if info.status not in STATUSES:
+        raise ValueError(f"schedule.status must be one of {', '.join(STATUSES)}, got {info.status!r}")
+    _seconds(info.solve_seconds, "schedule.solve_seconds")
+    if info.gap is not None:
+        gap = info.gap
+        if isinstance(gap, bool) or not isinstance(gap, (int, float)) or not 0 <= gap <= 1e6:
+            raise ValueError(f"schedule.gap must be a fraction >= 0 or null, got {gap!r}")
+    for name in ("lower_bound", "compute_cost"):
+        value = getattr(info, name)
+        if value is not None:
+            _seconds(value, f"schedule.{name}")
+    for name in ("budget_bytes", "predicted_peak_bytes"):
+        value = getattr(info, name)
+        if value is not None:
+            _whole(value, f"schedule.{name}")
+
+
 def _list(value) -> list:
     if not isinstance(value, list):
         raise TypeError(f"expected a list, got {type(value).__name__}")
     return value
 
 
-def _whole(value) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"expected a whole number >= 0, got {value!r}")
+def _whole(value, what: str = "") -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_BYTES:
+        shown = repr(value) if len(repr(value)) <= 40 else f"{repr(value)[:24]}..."
+        where = f"{what} must be" if what else "expected"
+        raise ValueError(f"{where} a whole number from 0 to 2^60, got {shown}")
     return value
 
 
@@ -232,9 +282,12 @@ def _whole_list(value) -> list[int]:
     return [_whole(v) for v in _list(value)]
 
 
-def _seconds(value) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-        raise ValueError(f"expected seconds (a number >= 0), got {value!r}")
+def _seconds(value, what: str = "") -> float:
+    if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
+            or not 0 <= value <= MAX_SECONDS):
+        shown = repr(value) if len(repr(value)) <= 40 else f"{repr(value)[:24]}..."
+        where = f"{what} must be" if what else "expected"
+        raise ValueError(f"{where} seconds (a number from 0 to 1e9), got {shown}")
     return float(value)
 
 
@@ -251,11 +304,16 @@ def graph_to_dict(graph: nx.DiGraph) -> dict:
 
 
 def graph_from_dict(data: dict) -> nx.DiGraph:
-    graph = nx.DiGraph(**dict(data.get("attributes", {})))
-    for node in data["nodes"]:
+    _mapping(data, "graph")
+    graph = nx.DiGraph(**dict(_mapping(data.get("attributes", {}), "graph.attributes")))
+    for node in _list(data["nodes"]):
+        _mapping(node, "each of graph.nodes")
         attributes = {k: node[k] for k in _NODE_FIELDS if k in node}
-        graph.add_node(str(node["id"]), **attributes)
-    for u, v in data["edges"]:
+        graph.add_node(_text(node["id"]), **attributes)
+    for edge in _list(data["edges"]):
+        if not (isinstance(edge, list) and len(edge) == 2 and all(isinstance(n, str) for n in edge)):
+            raise ValueError(f"each of graph.edges must be a pair of node names, got {edge!r:.60}")
+        u, v = edge
         if u not in graph or v not in graph:
             raise ValueError(f"edge {u} -> {v} names a node that is not in the graph")
         graph.add_edge(str(u), str(v))
@@ -263,10 +321,15 @@ def graph_from_dict(data: dict) -> nx.DiGraph:
 
     validate(graph)
     # Read by the fingerprint and the planner only, so not checked by validate.
-    for _, attributes in graph.nodes(data=True):
-        if "structural_workspace" in attributes:
-            _whole(attributes["structural_workspace"])
-    _whole(graph.graph.get("loss_value_bytes", 0))
+    for node, attributes in graph.nodes(data=True):
+        for name in ("mem", "workspace", "structural_workspace"):
+            if name in attributes:
+                _whole(attributes[name], f"node {node!r:.40} {name}")
+        if "cost" in attributes:
+            _seconds(attributes["cost"], f"node {node!r:.40} cost")
+    for name in ("loss_value_bytes", "fixed_bytes"):
+        if name in graph.graph:
+            _whole(graph.graph[name], f"graph.attributes.{name}")
     return graph
 
 
@@ -286,6 +349,22 @@ def load(path: str | os.PathLike) -> Plan:
         raise PlanFileError(f"{path} is not a JSON plan ({type(error).__name__})") from None
     from .fallback import CHAIN_FORMAT, ModuleChainPlan  # fallback extends Plan: imported here, not above
 
+    from .native import NATIVE_FORMAT, NativePlan
+
     if isinstance(data, dict) and data.get("format") == CHAIN_FORMAT:
         return ModuleChainPlan.from_dict(data, source=path)
+    if isinstance(data, dict) and data.get("format") == NATIVE_FORMAT:
+        return NativePlan.from_dict(data, source=path)
     return Plan.from_dict(data, source=path)
+
+
+def _warn_if_other_torch(made_with: str, path: str) -> None:
+    """A plan's costs and op names were measured with one torch; another may trace the model to other
+    ops (planner.apply then refuses it, PlanMismatch) or run them at other speeds."""
+    import warnings
+
+    if made_with != torch.__version__:
+        shown = made_with if len(made_with) <= 40 and made_with.isprintable() else repr(made_with[:40])
+        warnings.warn(f"{path} was made with torch {shown}, this is torch {torch.__version__}: its predicted "
+                      "figures may not hold, and applying it fails if the model traces differently; plan again "
+                      "with this torch to be sure", PlanWarning, stacklevel=4)

@@ -156,6 +156,7 @@ def profile(
     granularity="module",
     repeats: int = 3,
     times_cache: TimesCache | None = None,
+    fuse_loss: bool = True,
 ) -> Profile:
     """Trace ``model``'s training step on ``example_inputs`` and measure it into a cost graph.
 
@@ -167,6 +168,9 @@ def profile(
     Costs are medians of ``repeats`` measured runs, after one warm-up run. Model, buffers and RNG are
     left as they were.
 
+    ``fuse_loss=False`` profiles the cross-entropy backward as eager autograd runs it (see
+    :func:`profiler.capture.capture`), for the native executor.
+
     ``times_cache`` (optional) skips the timing, the expensive part, for a trace measured before:
     times are looked up under :func:`times_key` once the step is traced and grouped, and stored there
     after measuring.
@@ -174,7 +178,7 @@ def profile(
     started = time.perf_counter()
     parse_granularity(granularity)  # reject a bad value before any work
     args, kwargs = normalise_inputs(example_inputs)
-    joint, tangents = capture(model, args, kwargs, loss_fn)
+    joint, tangents = capture(model, args, kwargs, loss_fn, fuse_loss=fuse_loss)
     grouping, label = choose_grouping(joint, granularity)
     device = str(next((p.device for p in model.parameters()), torch.device("cpu")))
     key = times_key(joint, grouping, device, repeats) if times_cache is not None else None

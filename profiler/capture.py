@@ -30,9 +30,11 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from torch.nn.utils.stateless import _reparametrize_module
 
 from .allocations import allocated_while, quiet_native_stderr
+from .dropout import draw_in_place_masks_like_eager, drop_copies_into_fresh_tensors
 from .fusions import fuse_cross_entropy_backward
 from .inputs import InputLayout, TensorSpec, input_layout
 from .measure import storage_bytes
+from .rnn import DECOMPOSITIONS as RNN_DECOMPOSITIONS
 from .state import cuda_devices, preserved_state
 
 
@@ -137,7 +139,8 @@ class JointGraph:
 
 
 def default_loss(output) -> torch.Tensor:
-    """SPEC: without a loss function, the loss is the sum of the output's floating-point tensors."""
+    """Without a loss function the loss is the sum of the output's floating-point tensors
+    (docs/contract.md, "The Python API")."""
     leaves = [t for t in pytree.tree_leaves(output) if isinstance(t, torch.Tensor) and t.is_floating_point()]
     if not leaves:
         raise CaptureError("the model's output has no floating-point tensor to take a loss of; pass loss_fn")
@@ -239,7 +242,7 @@ def _batch_norm_declaring_its_mutation(input, weight, bias, running_mean, runnin
     return aten._native_batch_norm_legit.default(input, weight, bias, running_mean, running_var, training, momentum, eps)
 
 
-_DECOMPOSITIONS = {torch.ops.aten.native_batch_norm.default: _batch_norm_declaring_its_mutation}
+_DECOMPOSITIONS = {torch.ops.aten.native_batch_norm.default: _batch_norm_declaring_its_mutation, **RNN_DECOMPOSITIONS}
 
 
 def _replay(graph_module: fx.GraphModule) -> Callable:
@@ -309,7 +312,8 @@ class _ModuleTagger:
 
 
 def capture(
-    model: torch.nn.Module, args: tuple, kwargs: dict, loss_fn: Callable | None = None, loss: LossInfo | None = None
+    model: torch.nn.Module, args: tuple, kwargs: dict, loss_fn: Callable | None = None, loss: LossInfo | None = None,
+    fuse_loss: bool = True,
 ) -> tuple[JointGraph, list[torch.Tensor]]:
     """Trace the joint forward+backward graph of ``model`` on ``(args, kwargs)``.
 
@@ -319,6 +323,10 @@ def capture(
     runs them around its own forward. That keeps wrappers that work through root hooks (FSDP2's
     all-gather and reshard) out of the graph when a saved plan is traced inside them. Returns the graph and example tangents (the
     loss's real gradients, or zeros). The model, its buffers and the global RNG are left as they were.
+
+    ``fuse_loss=False`` keeps the cross-entropy backward as eager autograd runs it (two ops, both
+    logits-sized) instead of profiler/fusions.py's one op: for planning what eager PyTorch executes
+    (the native executor).
     """
     started = time.perf_counter()
     layout = input_layout(args, kwargs)
@@ -366,6 +374,7 @@ def capture(
     try:
         with fx_traceback.preserve_node_meta(), _ModuleTagger(model) as tagger:
             traced = make_fx(joint, tracing_mode="fake", decomposition_table=_DECOMPOSITIONS)(*flat_inputs)
+            draw_in_place_masks_like_eager(traced)  # before functionalization rewrites bernoulli_
             with autocast_disabled():  # the first trace recorded autocast's casts; replay them as they are
                 functional = make_fx(
                     torch.func.functionalize(_replay(traced), remove="mutations"), tracing_mode="fake"
@@ -382,7 +391,17 @@ def capture(
             reason=reason,
         ) from error
     # The profiler measures, and the runtime runs, the rewritten graph: both capture through here.
-    fuse_cross_entropy_backward(functional)
+    if fuse_loss:
+        fuse_cross_entropy_backward(functional)
+    # Values nothing reads are computed by the eager step but need not be by ours: an nn.LSTM
+    # stacks every layer's final states (h_n, c_n) at the end of its forward, and when the model
+    # uses only the output sequence that stack held every layer's oneDNN workspace (profiler/rnn.py)
+    # alive to the end of the forward, so that no layer could be recomputed (a 6-layer LSTM
+    # language model's least budget was 84% of its peak). Random ops stay, dead or not: their
+    # draws advance the generator, and later draws must be the eager step's.
+    drop_copies_into_fresh_tensors(functional)
+    functional.graph.eliminate_dead_code()
+    functional.recompile()
     tensor_positions = seen["positions"]
     grad_targets_present = seen["present"]
 

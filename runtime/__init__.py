@@ -7,5 +7,7 @@
 from .chain import apply_module_chain, checkpoint_blocks
 from .executor import ScheduleError
 from .module import InputMismatch, PlanMismatch, apply
+from .native import ShapeTooLarge, apply_native, apply_native_plan, remove_native
 
-__all__ = ["InputMismatch", "PlanMismatch", "ScheduleError", "apply", "apply_module_chain", "checkpoint_blocks"]
+__all__ = ["InputMismatch", "PlanMismatch", "ScheduleError", "ShapeTooLarge", "apply", "apply_module_chain",
+           "apply_native", "apply_native_plan", "checkpoint_blocks", "remove_native"]

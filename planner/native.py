@@ -1,0 +1,252 @@
+"""Native plans: which modules ``torch.utils.checkpoint`` wraps, chosen against the budget.
+
+The default plan (``planner.plan(..., executor="native")``). The profiler's trace of the step is
+regrouped to single ops; solvers/regions.py predicts the peak and time of checkpointing any set of
+the model's submodules (and runs of an ``nn.Sequential``'s children) the way non-reentrant
+``torch.utils.checkpoint`` does, and searches the set with the least recomputation that fits. The
+plan is then **measured once** on the example inputs (runtime/native.py applied, one training step
+under the allocator's events, removed again): a measured peak over the budget tightens the budget by
+the excess and the search runs again (at most :data:`REPAIRS` times), so a plan this returns fits on
+the example inputs by measurement, not only by prediction. Both figures are in the plan.
+
+Why measure: the trace's backward reads what autograd saves, but not always in eager's exact form
+(a dropout traced as ``rand < p`` and a multiply holds a float mask where eager holds a bool one), so
+the prediction is an estimate of eager checkpointing, usually a little above it.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import networkx as nx
+import torch
+
+import profiler
+from profiler.costgraph import fingerprint as graph_fingerprint
+from profiler.inputs import normalise_inputs
+from profiler.memory import measure_step
+from profiler.state import cuda_devices, rng_state_bytes
+from runtime.chain import module_fingerprint
+from runtime.native import apply_native, input_shapes, remove_native
+from solvers import Infeasible
+from solvers.regions import RegionPlan, candidate_regions, plan_regions, region_costs
+from solvers.schedule import SolverInfo
+
+from .budget import Budget, format_bytes
+from .planfile import FORMAT as PLAN_FORMAT
+from .planfile import Plan, PlanFileError, _list, _text, _whole
+
+NATIVE_FORMAT = "plan-checkpoints/native/1"
+METHOD = "regions"
+REPAIRS = 3  # re-solves after a measured peak over the budget
+
+
+@dataclass
+class NativePlan(Plan):
+    """A plan the native executor runs: ``regions`` checkpointed with torch.utils.checkpoint.
+
+    ``graph`` and ``schedule`` are solvers/regions.py's model of that execution (the op-level graph
+    with a twin node per recomputed op); ``predicted_*`` come from it. ``measured_peak_bytes`` and
+    ``measured_seconds`` are one training step on the example inputs (None for a plan not measured).
+    """
+
+    regions: tuple[str, ...] = ()
+    input_shapes: dict = field(default_factory=dict)  # input (pytree key) -> planned shape
+    measured_peak_bytes: int | None = None
+    measured_seconds: float | None = None
+
+    @property
+    def executor(self) -> str:
+        return "native"
+
+    def summary(self) -> str:
+        saving = 1 - self.predicted_peak_bytes / self.unplanned_peak_bytes if self.unplanned_peak_bytes else 0.0
+        shown = ", ".join(self.regions[:8]) + (f" and {len(self.regions) - 8} more" if len(self.regions) > 8 else "")
+        lines = [
+            f"Model:             {self.model or '?'}; inputs {', '.join(self.inputs) or '?'}",
+            f"Executor:          native (torch.utils.checkpoint on the model's own modules)",
+            f"Budget:            {format_bytes(self.budget_bytes)} ({self.budget_text}) for the whole step; "
+            f"parameters, buffers, inputs and saved RNG states take {format_bytes(self.fixed_bytes)}",
+            f"Predicted peak:    {format_bytes(self.predicted_peak_bytes)}, without checkpointing "
+            f"{format_bytes(self.unplanned_peak_bytes)} ({saving:.1%} less)",
+        ]
+        if self.measured_peak_bytes is not None:
+            lines.append(f"Measured peak:     {format_bytes(self.measured_peak_bytes)} (one step on the example inputs)")
+        lines += [
+            f"Predicted time:    {self.predicted_seconds * 1000:.1f} ms of compute per step, "
+            f"{self.predicted_overhead:+.1%} over no checkpointing",
+            f"Solver:            {self.method} ({self.status}) in {self.schedule.info.solve_seconds:.2f} s",
+            f"Checkpointed:      {shown or 'nothing (the step fits without checkpointing)'}",
+        ]
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict:
+        data = super().to_dict()
+        data["format"] = NATIVE_FORMAT
+        data["regions"] = list(self.regions)
+        data["input_shapes"] = {k: list(v) for k, v in self.input_shapes.items()}
+        data["measured_peak_bytes"] = self.measured_peak_bytes
+        data["measured_seconds"] = self.measured_seconds
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict, source: str = "plan") -> "NativePlan":
+        try:
+            regions = tuple(_text(r) for r in _list(data["regions"]))
+            shapes = data.get("input_shapes", {})
+            if not isinstance(shapes, dict):
+                raise TypeError(f"input_shapes is {type(shapes).__name__}, not an object")
+            shapes = {_text(k): tuple(_whole(x) for x in _list(v)) for k, v in shapes.items()}
+            measured = data.get("measured_peak_bytes")
+            measured = None if measured is None else _whole(measured)
+            seconds = data.get("measured_seconds")
+            if seconds is not None and (isinstance(seconds, bool) or not isinstance(seconds, (int, float))):
+                raise TypeError(f"measured_seconds is {type(seconds).__name__}, not a number")
+        except (KeyError, TypeError, ValueError) as error:
+            raise PlanFileError(f"{source} is not a valid plan: {type(error).__name__}: {error}") from None
+        plain = Plan.from_dict({**data, "format": PLAN_FORMAT}, source)
+        fields_ = {name: getattr(plain, name) for name in Plan.__dataclass_fields__}
+        return cls(**fields_, regions=regions, input_shapes=shapes, measured_peak_bytes=measured,
+                   measured_seconds=None if seconds is None else float(seconds))
+
+
+def sequential_containers(model: torch.nn.Module) -> dict[str, int]:
+    """Path -> number of children of each ``nn.Sequential`` whose children are named ``0..n-1``:
+    the containers whose runs of children a native plan may checkpoint as one segment."""
+    found = {}
+    for path, module in model.named_modules():
+        if type(module) is torch.nn.Sequential:
+            names = [name for name, _ in module.named_children()]
+            if names == [str(i) for i in range(len(names))] and len(names) > 2:
+                found[path] = len(names)
+    return found
+
+
+def _rng_bytes(regions, devices: list[int]) -> int:
+    """torch.utils.checkpoint (``preserve_rng_state=True``) saves the CPU generator's state, and each
+    CUDA device's the inputs live on, at every checkpointed call, random ops or not."""
+    return len(tuple(regions)) * rng_state_bytes(devices)
+
+
+def _fixed_bytes(graph: nx.DiGraph) -> int:
+    """Parameters, buffers and inputs, and the caller's loss value with its backward's seed."""
+    return int(graph.graph["fixed_bytes"]) + int(graph.graph.get("loss_value_bytes", 0))
+
+
+def solve_native(profile: "profiler.Profile", model: torch.nn.Module, budget_bytes: int,
+                 time_limit: float | None = None) -> tuple[RegionPlan, int]:
+    """The regions for ``budget_bytes`` (whole step) and the bytes held besides their schedule."""
+    graph = profile.regroup("op").graph
+    devices = cuda_devices([*model.parameters()])
+    fixed = _fixed_bytes(graph)
+    sequentials = sequential_containers(model)
+    candidates = candidate_regions(graph)
+    activation_budget = budget_bytes - fixed
+    for _ in range(3):  # the RNG states depend on how many regions: settle them
+        if activation_budget < 0:
+            raise Infeasible("the parameters, buffers and inputs alone exceed the budget", min_budget=None,
+                             method=METHOD)
+        plan = plan_regions(graph, activation_budget, candidates, sequentials, time_limit=time_limit)
+        held = fixed + _rng_bytes(plan.regions, devices)
+        if held + plan.outcome.peak_bytes <= budget_bytes:
+            return plan, held
+        activation_budget = budget_bytes - held
+    raise Infeasible("no set of checkpointed modules fits with the generator states it saves", min_budget=None,
+                     method=METHOD)
+
+
+def measure_native(model: torch.nn.Module, regions, example_inputs, loss_fn, repeats: int = 1):
+    """One training step of ``model`` with ``regions`` checkpointed, measured, then undone."""
+    try:
+        apply_native(model, regions)
+        return measure_step(model, example_inputs, loss_fn=loss_fn, repeats=repeats)
+    finally:
+        remove_native(model)
+
+
+def plan_native(model: torch.nn.Module, example_inputs, budget: Budget, loss_fn=None,
+                time_limit: float | None = None, granularity="module",
+                profile: "profiler.Profile | None" = None, measure: bool = True) -> NativePlan:
+    """A :class:`NativePlan` for ``budget``: see the module docstring. Raises :class:`Infeasible`
+    (``min_budget`` in whole-step bytes) when no set of regions fits."""
+    started = time.perf_counter()
+    remove_native(model)  # re-planning a model planned before: trace its own forward
+    if profile is None:
+        # Unfused: eager autograd runs the cross-entropy backward as two logits-sized ops.
+        profile = profiler.profile(model, example_inputs, loss_fn=loss_fn, granularity=granularity, fuse_loss=False)
+    op_graph = profile.regroup("op").graph
+    fixed = _fixed_bytes(op_graph)
+    from solvers.regions import evaluate
+
+    unplanned = evaluate(op_graph, ())
+    unplanned_peak = fixed + unplanned.outcome.peak_bytes
+    budget_bytes = budget.resolve(unplanned_peak)
+    target = budget_bytes
+    measured = None
+    for _ in range(REPAIRS + 1):
+        try:
+            solved, held = solve_native(profile, model, target, time_limit)
+        except Infeasible as error:
+            minimum = None if error.min_budget is None else error.min_budget + fixed
+            raise Infeasible(
+                f"budget {budget} ({format_bytes(budget_bytes)}) is below the least that checkpointing the model's "
+                f"modules reaches" + (f": {format_bytes(minimum)} ({minimum} bytes)" if minimum else ""),
+                min_budget=minimum, method=METHOD) from None
+        if not measure:
+            break
+        measured = measure_native(model, solved.regions, example_inputs, loss_fn)
+        if measured.peak_bytes <= budget_bytes:
+            break
+        target -= measured.peak_bytes - budget_bytes  # the prediction missed by this much: ask for less
+    else:
+        raise Infeasible(
+            f"budget {budget} ({format_bytes(budget_bytes)}): the native plan measured "
+            f"{format_bytes(measured.peak_bytes)} after {REPAIRS} tightenings; try a larger budget or "
+            "executor='traced'", min_budget=measured.peak_bytes, method=METHOD)
+    plan = _native_plan(model, profile, solved, held, budget, budget_bytes, unplanned_peak,
+                        unplanned.outcome.compute_cost, measured, time.perf_counter() - started)
+    plan.input_shapes = input_shapes(*normalise_inputs(example_inputs))
+    return plan
+
+
+def _native_plan(model, profile, solved: RegionPlan, held: int, budget: Budget, budget_bytes: int,
+                 unplanned_peak: int, unplanned_seconds: float, measured, seconds: float) -> NativePlan:
+    graph = solved.graph.copy()
+    graph.graph["fingerprint"] = graph_fingerprint(graph)
+    joint = profile.joint
+    recomputed = sum(len(region_costs(profile.regroup("op").graph, r).recomputed) for r in solved.regions)
+    info = SolverInfo(
+        method=METHOD, status="heuristic", solve_seconds=seconds, budget_bytes=budget_bytes - held,
+        predicted_peak_bytes=solved.outcome.peak_bytes, compute_cost=solved.outcome.compute_cost,
+        message=(f"checkpoint {len(solved.regions)} module(s) with torch.utils.checkpoint, recomputing "
+                 f"{recomputed} op(s)") if solved.regions else "nothing to checkpoint: the step fits as it is",
+    )
+    return NativePlan(
+        schedule=solved.schedule.with_info(**info.__dict__),
+        graph=graph,
+        budget_bytes=budget_bytes,
+        budget_text=str(budget),
+        fixed_bytes=held,
+        predicted_peak_bytes=held + solved.outcome.peak_bytes,
+        unplanned_peak_bytes=unplanned_peak,
+        predicted_seconds=solved.outcome.compute_cost,
+        unplanned_seconds=unplanned_seconds,
+        fingerprint=module_fingerprint(model, solved.regions),
+        granularity="op",
+        device=profile.device,
+        torch_version=torch.__version__,
+        tangent_outputs=tuple(joint.loss.tangent_outputs),
+        tangent_specs=tuple(joint.loss.tangent_specs),
+        inputs=joint.layout.signature,
+        model=type(model).__name__,
+        profile_seconds=profile.seconds,
+        autocast=getattr(joint, "autocast", ""),
+        profile=profile,
+        regions=tuple(solved.regions),
+        measured_peak_bytes=None if measured is None else int(measured.peak_bytes),
+        measured_seconds=None if measured is None else float(measured.seconds),
+    )
+
+
+__all__ = ["NATIVE_FORMAT", "NativePlan", "measure_native", "plan_native", "sequential_containers", "solve_native"]

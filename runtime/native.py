@@ -1,0 +1,226 @@
+"""The native executor: a plan realised by PyTorch's own activation checkpointing, in place.
+
+A native plan names *regions* of the model (solvers/regions.py): submodules (``"transformer.h.3"``)
+and runs of an ``nn.Sequential``'s children (``"layers[2:5]"``, as ``checkpoint_sequential`` cuts
+them). :func:`apply_native` makes each region's call run under non-reentrant
+``torch.utils.checkpoint.checkpoint(use_reentrant=False, preserve_rng_state=True)``, and changes
+nothing else: the model is the same object, with the same class, parameters, buffers, hooks,
+``state_dict`` keys and ``config``. Its Python forward runs at every call, so hooks added later, flags
+that change an ``if``, other batch sizes, two forwards before a backward, ``deepcopy``,
+``torch.save``, DDP, FSDP2 per block, ``torch.compile`` and the Hugging Face ``Trainer`` behave as
+they do with hand-written checkpointing; autograd, RNG replay and version-counter checks are
+PyTorch's.
+
+How: a checkpointed module gets an instance attribute ``forward`` (a :class:`CheckpointedForward`,
+picklable and deep-copyable) that calls the class's own ``forward`` through ``checkpoint``; a
+Sequential with segment regions gets a :class:`SegmentedForward` that runs its children in order,
+each segment as one checkpoint. :func:`remove_native` deletes them.
+
+Checkpointing applies whenever autograd records (``torch.is_grad_enabled()``); under ``no_grad`` the
+forward runs as it is.
+
+Shapes. The plan was made on example inputs; memory grows with them. A call whose tensor inputs are
+larger in any dimension than the planned ones (matched by their position or keyword) is refused with
+:class:`ShapeTooLarge` rather than run over the budget; smaller ones (a short last batch, shorter
+sequences) run.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+import torch
+import torch.utils._pytree as pytree
+import torch.utils.checkpoint as torch_checkpoint
+
+from .module import PlanMismatch
+
+_SEGMENT = re.compile(r"^(?P<path>.*)\[(?P<start>\d+):(?P<stop>\d+)\]$")
+_GUARD = "_native_shape_guard"
+
+
+class ShapeTooLarge(PlanMismatch):
+    """A call's inputs are larger than those the native plan was made for."""
+
+
+def _checkpoint(function, *args, **kwargs):
+    return torch_checkpoint.checkpoint(function, *args, use_reentrant=False, preserve_rng_state=True, **kwargs)
+
+
+class CheckpointedForward:
+    """A module's ``forward`` run under non-reentrant ``torch.utils.checkpoint``.
+
+    Stored as the module's instance attribute ``forward``; it calls ``type(module).forward``, so the
+    module's own code runs at every call. A plain object rather than a closure so that ``deepcopy``
+    and ``torch.save`` of the model copy it with the model.
+    """
+
+    def __init__(self, module: torch.nn.Module):
+        self.module = module
+
+    def __call__(self, *args, **kwargs):
+        module = self.module
+        original = type(module).forward.__get__(module)
+        if not torch.is_grad_enabled():
+            return original(*args, **kwargs)
+        return _checkpoint(original, *args, **kwargs)
+
+
+class SegmentedForward:
+    """An ``nn.Sequential``'s forward with runs of its children, ``segments`` as ``(start, stop)``
+    index pairs, each run as one checkpoint (``torch.utils.checkpoint.checkpoint_sequential``'s
+    semantics, with runs of any lengths)."""
+
+    def __init__(self, module: torch.nn.Sequential, segments: list[tuple[int, int]]):
+        self.module = module
+        self.segments = sorted(segments)
+
+    def __call__(self, input):
+        children = list(self.module)
+        starts = dict(self.segments)
+        index = 0
+        while index < len(children):
+            stop = starts.get(index)
+            if stop is not None and torch.is_grad_enabled():
+                input = _checkpoint(_RunChildren(children[index:stop]), input)
+                index = stop
+            else:
+                input = children[index](input)
+                index += 1
+        return input
+
+
+class _RunChildren:
+    def __init__(self, children: list[torch.nn.Module]):
+        self.children = children
+
+    def __call__(self, input):
+        for child in self.children:
+            input = child(input)
+        return input
+
+
+def parse_region(region: str) -> tuple[str, tuple[int, int] | None]:
+    """``(module path, None)`` for a module region, ``(Sequential path, (start, stop))`` for a segment."""
+    match = _SEGMENT.match(region)
+    if match is None:
+        return region, None
+    return match["path"], (int(match["start"]), int(match["stop"]))
+
+
+def _submodule(model: torch.nn.Module, path: str) -> torch.nn.Module:
+    try:
+        return model.get_submodule(path) if path else model
+    except AttributeError:
+        raise PlanMismatch(f"the plan checkpoints module {path!r}, which this model does not have: "
+                           "this plan was made for a different model") from None
+
+
+def apply_native(model: torch.nn.Module, regions, planned_shapes: dict | None = None) -> torch.nn.Module:
+    """Checkpoint ``regions`` of ``model`` in place and return ``model`` itself.
+
+    ``planned_shapes``: :func:`input_shapes` of the example inputs the plan was made for; a call
+    with a larger tensor input is refused (:class:`ShapeTooLarge`). Applying again replaces what an
+    earlier :func:`apply_native` did.
+    """
+    remove_native(model)
+    resolved: list[tuple[torch.nn.Module, tuple[int, int] | None]] = []
+    for region in regions:
+        path, span = parse_region(region)
+        module = _submodule(model, path)
+        if span is not None and not isinstance(module, torch.nn.Sequential):
+            raise PlanMismatch(f"the plan checkpoints children {span[0]}..{span[1] - 1} of {path or 'the model'!r} "
+                               f"as one segment, but it is a {type(module).__name__}, not an nn.Sequential")
+        if span is not None and span[1] > len(module):
+            raise PlanMismatch(f"the plan checkpoints children {span[0]}..{span[1] - 1} of {path or 'the model'!r}, "
+                               f"which has {len(module)}: this plan was made for a different model")
+        resolved.append((module, span))
+    segments: dict[int, tuple[torch.nn.Module, list]] = {}
+    for module, span in resolved:
+        if span is None:
+            module.__dict__["forward"] = CheckpointedForward(module)
+        else:
+            segments.setdefault(id(module), (module, []))[1].append(span)
+    for module, spans in segments.values():
+        module.__dict__["forward"] = SegmentedForward(module, spans)
+    if planned_shapes:
+        model.__dict__[_GUARD] = ShapeGuard(tuple((k, tuple(v)) for k, v in planned_shapes.items()))
+        model.register_forward_pre_hook(_check_shapes, with_kwargs=True)
+    return model
+
+
+def apply_native_plan(model: torch.nn.Module, plan) -> torch.nn.Module:
+    """:func:`apply_native` of a native plan (``regions``, ``input_shapes``, ``fingerprint``), after
+    checking that ``model`` is the planned architecture: the same class, parameter and buffer names,
+    shapes and dtypes (runtime.chain.module_fingerprint). Returns ``model``."""
+    from .chain import module_fingerprint  # chain imports module, which this file's import needs first
+
+    remove_native(model)
+    if module_fingerprint(model, plan.regions) != plan.fingerprint:
+        raise PlanMismatch(
+            f"this plan was made for a different model ({plan.model or 'unknown class'}; this is "
+            f"{type(model).__name__}, or its parameters or buffers differ in names, shapes or dtypes): make a new plan")
+    return apply_native(model, plan.regions, plan.input_shapes)
+
+
+def remove_native(model: torch.nn.Module) -> torch.nn.Module:
+    """Undo :func:`apply_native`: every module's forward is its class's again."""
+    for module in model.modules():
+        if isinstance(module.__dict__.get("forward"), (CheckpointedForward, SegmentedForward)):
+            del module.__dict__["forward"]
+    # No handle is kept (a RemovableHandle holds a weak reference: torch.save of the model would fail).
+    for key, hook in list(model._forward_pre_hooks.items()):
+        if hook is _check_shapes:
+            del model._forward_pre_hooks[key]
+            model._forward_pre_hooks_with_kwargs.pop(key, None)
+    model.__dict__.pop(_GUARD, None)
+    return model
+
+
+def native_regions(model: torch.nn.Module) -> list[str]:
+    """The regions checkpointed in ``model`` by :func:`apply_native`, module paths and segments."""
+    found = []
+    for path, module in model.named_modules():
+        forward = module.__dict__.get("forward")
+        if isinstance(forward, CheckpointedForward):
+            found.append(path)
+        elif isinstance(forward, SegmentedForward):
+            found.extend(f"{path}[{a}:{b}]" for a, b in forward.segments)
+    return found
+
+
+@dataclass(frozen=True)
+class ShapeGuard:
+    """The planned shape of each tensor input, by its place in ``(args, kwargs)``."""
+
+    shapes: tuple[tuple[str, tuple[int, ...]], ...]
+
+    def check(self, args: tuple, kwargs: dict) -> None:
+        planned = dict(self.shapes)
+        for key, shape in input_shapes(args, kwargs).items():
+            expected = planned.get(key)
+            if expected is None or len(expected) != len(shape):
+                continue  # an input the plan did not see (labels added by a Trainer): not sized by it
+            if any(got > limit for got, limit in zip(shape, expected)):
+                raise ShapeTooLarge(
+                    f"input {key} has shape {list(shape)}, larger than the {list(expected)} the plan was made for; "
+                    "a plan serves inputs up to the shapes it was made with: plan with the largest batch and "
+                    "sequence you will train on"
+                )
+
+
+def input_shapes(args: tuple, kwargs: dict) -> dict[str, tuple[int, ...]]:
+    """Each tensor input's shape, keyed by its place in the call (``"[1]['input_ids']"``)."""
+    leaves, _ = pytree.tree_flatten_with_path((tuple(args), dict(kwargs)))
+    return {pytree.keystr(path): tuple(leaf.shape) for path, leaf in leaves if isinstance(leaf, torch.Tensor)}
+
+
+def _check_shapes(module: torch.nn.Module, args: tuple, kwargs: dict):
+    guard = module.__dict__.get(_GUARD)
+    if guard is not None and torch.is_grad_enabled():
+        guard.check(args, kwargs)
+    return None
+
+
+__all__ = ["CheckpointedForward", "SegmentedForward", "ShapeGuard", "ShapeTooLarge", "apply_native", "apply_native_plan",
+           "input_shapes", "native_regions", "parse_region", "remove_native"]

@@ -1,0 +1,474 @@
+"""Checkpoint regions: the plans PyTorch's own activation checkpointing can run, and their peaks.
+
+The native executor (runtime/native.py) realises a plan by wrapping chosen submodules of the
+user's model in non-reentrant ``torch.utils.checkpoint``. This module is the planner's model of
+what that does, on the op-level cost graph of the training step (every node one op's result, each
+tagged with the ``module`` that issued it and its ``kind``: forward, loss, backward):
+
+- **Forward.** Inside a checkpointed region autograd saves nothing: what the region's ops would
+  save is dropped (a placeholder is kept instead) and only the region's inputs are held, by the
+  checkpoint, until the region's backward is over. A result of the region that something *outside*
+  it reads (the next module, or the backward of an op outside the region that saved it) is held as
+  without checkpointing.
+- **Backward.** When the backward first unpacks a tensor the region saved, the region's forward is
+  run again, from its held inputs, with the random state of the first run, up to the op whose
+  result is the last one the backward needs (PyTorch's early stop). The recomputed results are new
+  tensors: the first run's result of an op may still be held (read by someone outside the region)
+  while its recomputed twin exists. Each recomputed result is released after the last backward op
+  that reads it.
+
+:func:`region_graph` turns a set of regions into a graph with one *twin* node per recomputed op
+(``"recompute:v"``) and :func:`region_schedule` into the one schedule that executes it: trace
+order, the twins of a region inserted right before the first backward op that reads one of them,
+every result freed after its last reader. ``solvers.simulate`` of that schedule on that graph is the
+predicted peak and time. With no region it is the store-all schedule.
+
+:func:`plan_regions` searches the regions: the fewest recomputations whose peak fits a budget.
+
+Everything here is pure Python over networkx, like the rest of ``solvers``.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Hashable, Iterable, Sequence
+
+import networkx as nx
+
+from .errors import Infeasible
+from .liveness import schedule_from_computes
+from .schedule import Schedule, SolverInfo
+from .simulate import Simulation, simulate
+
+METHOD = "regions"
+RECOMPUTE = "recompute"
+# Value classes whose nodes a region may not contain: a buffer's new value (recomputing a batch
+# norm would update its running statistics a second time) and the model's outputs and gradients,
+# which the caller and autograd hold whatever the schedule does.
+_UNCHECKPOINTABLE_CLASSES = ("mutation",)
+
+
+def twin(node: Hashable) -> str:
+    """The node id of ``node``'s recomputation in a region graph (a string, so that plan files keep it)."""
+    return f"{RECOMPUTE}:{node}"
+
+
+_SEGMENT = re.compile(r"^(?P<path>.*)\[(?P<start>\d+):(?P<stop>\d+)\]$")
+
+
+def segment(path: str, start: int, stop: int) -> str:
+    """The region of children ``start`` to ``stop - 1`` of the ``nn.Sequential`` at ``path``, run as
+    one checkpoint (as ``torch.utils.checkpoint.checkpoint_sequential`` does): ``"layers[2:5]"``."""
+    return f"{path}[{start}:{stop}]"
+
+
+def parse_segment(region: str) -> tuple[str, int, int] | None:
+    """``(path, start, stop)`` of a segment region, None for a module region."""
+    match = _SEGMENT.match(region)
+    if match is None:
+        return None
+    return match["path"], int(match["start"]), int(match["stop"])
+
+
+def within(module: str, region: str) -> bool:
+    """``module`` (a dotted module path) runs inside ``region``: a module region is the module and its
+    submodules; a segment region the children of its ``nn.Sequential`` in its range, and theirs."""
+    parsed = parse_segment(region)
+    if parsed is None:
+        return module == region or module.startswith(region + ".")
+    path, start, stop = parsed
+    prefix = path + "." if path else ""
+    if not module.startswith(prefix):
+        return False
+    child = module[len(prefix):].split(".", 1)[0]
+    return child.isdigit() and start <= int(child) < stop
+
+
+@dataclass(frozen=True)
+class RegionCosts:
+    """What checkpointing one region recomputes: ``seconds`` of forward ops run again and the ops'
+    count; ``nodes`` the forward nodes of the region in trace order."""
+
+    region: str
+    nodes: tuple[Hashable, ...]
+    recomputed: tuple[Hashable, ...]
+    seconds: float
+
+
+@dataclass(frozen=True)
+class RegionPlan:
+    """The chosen regions with the schedule that predicts them (see the module docstring)."""
+
+    regions: tuple[str, ...]
+    graph: nx.DiGraph = field(repr=False)
+    schedule: Schedule = field(repr=False)
+    outcome: Simulation = field(repr=False)
+
+
+def _trace_order(graph: nx.DiGraph) -> list[Hashable]:
+    """The graph's nodes in trace order: the profiler adds them in the order the step ran them."""
+    return list(graph.nodes)
+
+
+def _forward_nodes_of(graph: nx.DiGraph, region: str) -> list[Hashable]:
+    return [v for v, d in graph.nodes(data=True) if d.get("kind") == "forward" and within(d.get("module", ""), region)]
+
+
+def _backward_within(graph: nx.DiGraph, node: Hashable, region: str) -> bool:
+    data = graph.nodes[node]
+    return data.get("kind") == "backward" and within(data.get("module", ""), region)
+
+
+def region_costs(graph: nx.DiGraph, region: str) -> RegionCosts:
+    """The forward nodes of ``region`` and the prefix of them its recomputation runs: up to the last
+    one that a backward op of the region reads (PyTorch's early stop)."""
+    nodes = _forward_nodes_of(graph, region)
+    needed = [i for i, v in enumerate(nodes) if any(_backward_within(graph, s, region) for s in graph.successors(v))]
+    recomputed = tuple(nodes[: needed[-1] + 1]) if needed else ()
+    seconds = sum(float(graph.nodes[v]["cost"]) for v in recomputed)
+    return RegionCosts(region, tuple(nodes), recomputed, seconds)
+
+
+def checkpointable(graph: nx.DiGraph, region: str) -> str | None:
+    """Why ``region`` cannot be a checkpoint region of this graph, or None when it can.
+
+    A region must be called once (its forward ops one contiguous run in trace order: a module called
+    twice would be checkpointed at both calls, which the graph does not say how to split), and must
+    not produce a buffer's new value (recomputation would apply it twice)."""
+    if not region:
+        return "the model itself is not a region: checkpointing it would recompute the whole forward"
+    nodes = _forward_nodes_of(graph, region)
+    if not nodes:
+        return f"module {region!r} runs no forward op in the trace"
+    forward = [v for v in _trace_order(graph) if graph.nodes[v].get("kind") == "forward"]
+    first, last = forward.index(nodes[0]), forward.index(nodes[-1])
+    if last - first + 1 != len(nodes):
+        return f"module {region!r} is called more than once in the step, or interleaved with other modules"
+    for v in nodes:
+        data = graph.nodes[v]
+        if data.get("value_class") in _UNCHECKPOINTABLE_CLASSES:
+            return f"module {region!r} updates a buffer (batch norm statistics): recomputing it would update it twice"
+        if data.get("pinned") or data.get("output"):
+            return f"module {region!r} computes a model output, which the caller holds anyway"
+    return None
+
+
+def _check_disjoint(graph: nx.DiGraph, regions: Sequence[str]) -> None:
+    owner: dict[Hashable, str] = {}
+    for region in regions:
+        for v in _forward_nodes_of(graph, region):
+            if v in owner:
+                raise ValueError(f"checkpoint regions {owner[v]!r} and {region!r} overlap; nested checkpoints are "
+                                 "not planned: give one of them")
+            owner[v] = region
+
+
+def region_graph(graph: nx.DiGraph, regions: Iterable[str]) -> nx.DiGraph:
+    """``graph`` with the recomputations of ``regions`` as twin nodes (see the module docstring).
+
+    A twin ``"recompute:v"`` costs and holds what ``v`` does and reads the twins of its
+    predecessors inside the recomputed prefix, the originals otherwise (the region's held inputs).
+    Backward ops of the region read twins instead of the originals. Each region input gets an edge to
+    the region's last backward op with ``hold=True``: the checkpoint holds its inputs until then
+    (a liveness edge, not data)."""
+    regions = list(regions)
+    _check_disjoint(graph, regions)
+    result = graph.copy()
+    for region in regions:
+        reason = checkpointable(graph, region)
+        if reason is not None:
+            raise ValueError(reason)
+        costs = region_costs(graph, region)
+        recomputed = set(costs.recomputed)
+        for v in costs.recomputed:
+            data = dict(graph.nodes[v])
+            data.update(kind=RECOMPUTE, recomputes=v)
+            data.pop("pinned", None)
+            data.pop("output", None)
+            result.add_node(twin(v), **data)
+            for p in graph.predecessors(v):
+                result.add_edge(twin(p) if p in recomputed else p, twin(v))
+            for s in list(graph.successors(v)):
+                if _backward_within(graph, s, region):
+                    result.remove_edge(v, s)
+                    result.add_edge(twin(v), s)
+        backward = [v for v in graph.nodes if _backward_within(graph, v, region)]
+        region_nodes = set(costs.nodes)
+        inputs = {p for v in costs.nodes for p in graph.predecessors(v) if p not in region_nodes}
+        if backward:
+            for p in inputs:
+                if not result.has_edge(p, backward[-1]):
+                    result.add_edge(p, backward[-1], hold=True)
+    return result
+
+
+def region_computes(graph: nx.DiGraph, regions: Iterable[str]) -> list[Hashable]:
+    """The order native checkpointing computes ``region_graph(graph, regions)``'s nodes in: trace
+    order, each region's twins right before the first backward op that reads one of them."""
+    regions = list(regions)
+    triggers: dict[Hashable, list[Hashable]] = {}
+    for region in regions:
+        costs = region_costs(graph, region)
+        recomputed = set(costs.recomputed)
+        readers = [v for v in graph.nodes if _backward_within(graph, v, region)
+                   and any(p in recomputed for p in graph.predecessors(v))]
+        if readers:
+            triggers.setdefault(readers[0], []).extend(twin(v) for v in costs.recomputed)
+    computes: list[Hashable] = []
+    for v in _trace_order(graph):
+        computes.extend(triggers.get(v, ()))
+        computes.append(v)
+    return computes
+
+
+def region_schedule(graph: nx.DiGraph, regions: Iterable[str]) -> tuple[nx.DiGraph, Schedule]:
+    """The region graph and the schedule native checkpointing of ``regions`` executes on it."""
+    regions = list(regions)
+    augmented = region_graph(graph, regions)
+    return augmented, schedule_from_computes(augmented, region_computes(graph, regions))
+
+
+def evaluate(graph: nx.DiGraph, regions: Iterable[str]) -> RegionPlan:
+    """Simulate native checkpointing of ``regions``: peak (bytes, the schedule's part) and time."""
+    regions = tuple(regions)
+    augmented, schedule = region_schedule(graph, regions)
+    outcome = simulate(augmented, schedule)
+    if not outcome.valid:  # a bug in this module: the region graph is built to be executable
+        raise AssertionError(f"region schedule is not executable: {outcome.error}")
+    return RegionPlan(regions, augmented, schedule, outcome)
+
+
+def candidate_regions(graph: nx.DiGraph) -> list[str]:
+    """Every module path (and every prefix of one) that :func:`checkpointable` accepts, in trace
+    order of their first op."""
+    seen: dict[str, None] = {}
+    for _, data in graph.nodes(data=True):
+        if data.get("kind") != "forward":
+            continue
+        parts = str(data.get("module", "")).split(".") if data.get("module") else []
+        for depth in range(1, len(parts) + 1):
+            seen.setdefault(".".join(parts[:depth]), None)
+    return [r for r in seen if checkpointable(graph, r) is None]
+
+
+def segmentations(graph: nx.DiGraph, sequentials: dict[str, int]) -> list[list[str]]:
+    """For each ``nn.Sequential`` in ``sequentials`` (path -> number of children, named ``0..n-1``)
+    and each length ``L`` from 2 to ``n - 1``: its children cut into runs of ``L`` (the last may be
+    shorter), the runs that :func:`checkpointable` accepts."""
+    result = []
+    for path, count in sequentials.items():
+        for length in range(2, count):
+            runs = [segment(path, start, min(start + length, count)) for start in range(0, count, length)]
+            runs = [r for r in runs if checkpointable(graph, r) is None]
+            if runs:
+                result.append(runs)
+    return result
+
+
+def _children(region: str, candidates: Sequence[str]) -> list[str]:
+    """The module candidates directly below ``region`` (the shallowest module candidates inside it)."""
+    inside = [c for c in candidates if c != region and parse_segment(c) is None and within(c, region)]
+    return [c for c in inside if not any(o != c and within(c, o) for o in inside)]
+
+
+def _by_depth(modules: Sequence[str]) -> list[list[str]]:
+    """The module candidates of each depth, shallowest first."""
+    return [[c for c in modules if c.count(".") == depth] for depth in sorted({c.count(".") for c in modules})]
+
+
+class RegionModel:
+    """:func:`evaluate`'s peak and time without building graphs: the graph's numbers indexed once,
+    each region's parts cached, so that a search can try thousands of region sets. Equal to
+    :func:`evaluate` (tests/test_regions.py checks it)."""
+
+    def __init__(self, graph: nx.DiGraph):
+        self.graph = graph
+        self.order = _trace_order(graph)
+        self.index = {v: i for i, v in enumerate(self.order)}
+        nodes = graph.nodes
+        self.mem = [int(nodes[v]["mem"]) for v in self.order]
+        self.workspace = [int(nodes[v].get("workspace", 0)) for v in self.order]
+        self.cost = [float(nodes[v]["cost"]) for v in self.order]
+        self.kept = [bool(nodes[v].get("output") or nodes[v].get("pinned")) for v in self.order]
+        self.preds = [[self.index[p] for p in graph.predecessors(v)] for v in self.order]
+        self._parts: dict[str, tuple] = {}
+
+    def parts(self, region: str) -> tuple:
+        """(recomputed indices, their set, backward indices, first reader of a twin, inputs)."""
+        if region not in self._parts:
+            costs = region_costs(self.graph, region)
+            recomputed = [self.index[v] for v in costs.recomputed]
+            recomputed_set = set(recomputed)
+            backward = [self.index[v] for v in self.order if _backward_within(self.graph, v, region)]
+            readers = [b for b in backward if any(p in recomputed_set for p in self.preds[b])]
+            members = {self.index[v] for v in costs.nodes}
+            inputs = sorted({p for i in members for p in self.preds[i] if p not in members})
+            self._parts[region] = (recomputed, recomputed_set, backward, readers[0] if readers else None, inputs)
+        return self._parts[region]
+
+    def peak_and_cost(self, regions: Iterable[str]) -> tuple[int, float]:
+        """(peak bytes of the schedule's part, compute seconds) of checkpointing ``regions``."""
+        n = len(self.order)
+        twin_base: list[int] = []  # instance n + k is the twin of base node twin_base[k]
+        twin_of: dict[tuple[int, int], int] = {}  # (region number, base index) -> twin instance
+        backward_region: dict[int, int] = {}
+        trigger: dict[int, list[int]] = {}
+        hold: dict[int, list[int]] = {}
+        parts = [self.parts(r) for r in regions]
+        for number, (recomputed, _, backward, first, inputs) in enumerate(parts):
+            for b in backward:
+                backward_region[b] = number
+            if first is None:
+                continue
+            instances = []
+            for i in recomputed:
+                twin_of[(number, i)] = n + len(twin_base)
+                instances.append(n + len(twin_base))
+                twin_base.append(i)
+            trigger.setdefault(first, []).extend(instances)
+            if backward:
+                hold.setdefault(backward[-1], []).extend(inputs)
+
+        def reads(instance: int) -> list[int]:
+            if instance >= n:
+                base = twin_base[instance - n]
+                return [twin_of.get((twin_region[instance], p), p) for p in self.preds[base]]
+            number = backward_region.get(instance)
+            result = self.preds[instance] if number is None else \
+                [twin_of.get((number, p), p) for p in self.preds[instance]]
+            return result + hold.get(instance, [])
+
+        twin_region = {t: k for (k, _), t in twin_of.items()}
+        sequence: list[int] = []
+        for i in range(n):
+            sequence.extend(trigger.get(i, ()))
+            sequence.append(i)
+        last_use = {}
+        read_lists = []
+        for position, instance in enumerate(sequence):
+            read = reads(instance)
+            read_lists.append(read)
+            for r in read:
+                last_use[r] = position
+            last_use.setdefault(instance, position)
+        frees_after: dict[int, list[int]] = {}
+        for instance, position in last_use.items():
+            base = instance if instance < n else twin_base[instance - n]
+            if instance < n and self.kept[base]:
+                continue
+            frees_after.setdefault(position, []).append(instance)
+        held = peak = 0
+        cost = 0.0
+        for position, instance in enumerate(sequence):
+            base = instance if instance < n else twin_base[instance - n]
+            peak = max(peak, held + self.mem[base] + self.workspace[base])
+            held += self.mem[base]
+            cost += self.cost[base]
+            for freed in frees_after.get(position, ()):
+                held -= self.mem[freed if freed < n else twin_base[freed - n]]
+        return peak, cost
+
+
+def plan_regions(graph: nx.DiGraph, budget_bytes: int, candidates: Sequence[str] | None = None,
+                 sequentials: dict[str, int] | None = None, time_limit: float | None = None) -> RegionPlan:
+    """The checkpoint regions with the least recomputation that the search finds within
+    ``budget_bytes`` (the schedule's peak, ``fixed_bytes`` excluded, as for :func:`solvers.solve`).
+
+    ``candidates`` are module regions (default :func:`candidate_regions`); ``sequentials`` names the
+    ``nn.Sequential`` containers whose children may also be checkpointed in runs (:func:`segmentations`).
+
+    A heuristic, not an optimum: start from each of these checkpointed: every module candidate at one
+    depth, every segmentation of a Sequential; then, latest region
+    first (the backward reaches it first, when least is held behind it), drop a region when the rest
+    still fits, or else replace it by the modules directly inside it and drop as many of those as
+    fit. Latest first because a region kept whole holds its activations through the recomputation
+    of every earlier region. The cheapest plan over all starts wins. Raises :class:`Infeasible` with
+    the least peak seen when nothing fits.
+    """
+    started = time.perf_counter()
+    if candidates is None:
+        candidates = candidate_regions(graph)
+    starts = _by_depth(list(candidates)) + segmentations(graph, sequentials or {})
+    candidates = list(candidates) + [r for start in starts for r in start if parse_segment(r) is not None]
+    model = RegionModel(graph)
+    cache: dict[frozenset, tuple[int, float]] = {}
+
+    def run(regions) -> tuple[int, float]:
+        key = frozenset(regions)
+        if key not in cache:
+            cache[key] = model.peak_and_cost([c for c in candidates if c in key])
+        return cache[key]
+
+    def fits(regions) -> bool:
+        return run(regions)[0] <= budget_bytes
+
+    def out_of_time() -> bool:
+        return time_limit is not None and time.perf_counter() - started > time_limit
+
+    if fits(()):
+        return evaluate(graph, ())
+    best: list[str] | None = None
+    least = run(())[0]
+    for chosen in starts:
+        least = min(least, run(chosen)[0])
+        if not fits(chosen):
+            continue
+        relaxed = _relax(chosen, candidates, fits, out_of_time)
+        if best is None or run(relaxed)[1] < run(best)[1]:
+            best = relaxed
+        if out_of_time():
+            break
+    if best is None:
+        raise Infeasible(
+            f"no set of checkpointed modules fits {budget_bytes} bytes of activations; the least found holds "
+            f"{least}", min_budget=least, method=METHOD)
+    return evaluate(graph, [c for c in candidates if c in set(best)])
+
+
+def _relax(chosen: list[str], candidates: Sequence[str], fits, out_of_time) -> list[str]:
+    """Latest region first: drop it if the rest fits, else try its children in its place."""
+    current = list(chosen)
+    for region in reversed(list(chosen)):
+        if out_of_time():
+            break
+        without = [r for r in current if r != region]
+        if fits(without):
+            current = without
+            continue
+        children = _children(region, candidates)
+        if not children:
+            continue
+        replaced = without + children
+        if not fits(replaced):
+            continue
+        current = _relax_children(replaced, children, fits)
+    return current
+
+
+def _relax_children(current: list[str], children: list[str], fits) -> list[str]:
+    for child in reversed(children):
+        without = [r for r in current if r != child]
+        if fits(without):
+            current = without
+    return current
+
+
+def solve_regions(graph: nx.DiGraph, budget_bytes: int, time_limit: float | None = None) -> RegionPlan:
+    """:func:`plan_regions` with the solver's report on the schedule (status ``heuristic``)."""
+    started = time.perf_counter()
+    plan = plan_regions(graph, budget_bytes, time_limit=time_limit)
+    info = SolverInfo(
+        method=METHOD, status="heuristic", solve_seconds=time.perf_counter() - started, budget_bytes=budget_bytes,
+        predicted_peak_bytes=plan.outcome.peak_bytes, compute_cost=plan.outcome.compute_cost,
+        message=f"checkpoint {len(plan.regions)} module(s) with torch.utils.checkpoint" if plan.regions
+        else "nothing to checkpoint: the step fits as it is",
+    )
+    return RegionPlan(plan.regions, plan.graph, plan.schedule.with_info(**info.__dict__), plan.outcome)
+
+
+__all__ = [
+    "METHOD", "RegionCosts", "RegionPlan", "candidate_regions", "checkpointable", "evaluate", "plan_regions",
+    "region_computes", "region_costs", "region_graph", "region_schedule", "solve_regions", "twin", "within",
+]
