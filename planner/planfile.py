@@ -38,7 +38,7 @@ class PlanWarning(UserWarning):
 
 MAX_BYTES = 2**60  # 1 EiB (planner/budget.py): a larger figure in a plan file is not a measurement
 MAX_SECONDS = 1e9  # ~32 years: likewise for a time
-STATUSES = ("optimal", "feasible", "heuristic")
+STATUSES = ("optimal", "optimal-in-order", "feasible", "heuristic")  # solvers.schedule.STATUSES
 
 
 @dataclass

@@ -150,7 +150,7 @@ def csv_table(rows: Iterable[dict]) -> str:
 def _gap(row: dict) -> str:
     if row["status"] == "optimal":
         return "0% (optimal)"
-    if row["status"] == "feasible" and row["gap"] is not None:
+    if row["status"] in ("feasible", "optimal-in-order") and row["gap"] is not None:  # an order-free gap
         return f"{row['gap']:.1%}"
     return "-"
 

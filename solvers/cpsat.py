@@ -105,16 +105,19 @@ import bisect
 import logging
 import math
 import os
+import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import reduce
 from typing import Callable, Sequence
 
 from . import exhaustive
 from .bounds import BOUND_SECONDS, Backward, relatives
-from .errors import Infeasible, SolverUnavailable
+from .clock import Clock
+from .errors import Infeasible, SolverTimeout, SolverUnavailable
 from .graph import NodeCosts, node_costs, total_cost
 from .liveness import schedule_from_computes
+from .options import schedule_from, time_limit_or_default
 from .schedule import Schedule
 from .simulate import Simulation, simulate
 
@@ -320,10 +323,16 @@ class RetentionModel:
 
 def build_model(costs: NodeCosts, counts: Counts, memory: MemoryScale, capacity: tuple[int, int],
                 cost_units: Sequence[int] | None, max_steps: int | None = None,
-                cost_floor: int = 0) -> RetentionModel:
+                cost_floor: int = 0, clock: Clock | None = None) -> RetentionModel:
     """The retention-interval model (module doc). ``capacity`` is the (low, high) range of the
     memory capacity in units, one budget when equal. With ``cost_units`` the objective is the cost
-    (at least ``cost_floor``, a proven lower bound), else the capacity."""
+    (at least ``cost_floor``, a proven lower bound), else the capacity.
+
+    Building is Python work that grows with the product of the counts along each edge (on a
+    250-node layered DAG, ~1.3M cover literals and ~13M implied clauses, minutes): with a
+    ``clock`` it is checked once per node of each family (and every 4096 implied clauses), and
+    :class:`SolverTimeout` raised when the limit passes."""
+    clock = clock or Clock(None)
     n, horizon = costs.n, counts.horizon
     ancestors, descendants = relatives(costs)
     model = cp_model.CpModel()
@@ -331,6 +340,7 @@ def build_model(costs: NodeCosts, counts: Counts, memory: MemoryScale, capacity:
     # Variables: C_v optional instances per node, each a compute step and a retention interval.
     instances: list[list[Instance]] = []
     for v in range(n):
+        clock.check(METHOD, "building the CP-SAT model (its intervals)")
         row = []
         for k in range(counts.counts[v]):
             earliest = ancestors[v] + k  # all ancestors come first; instance k is the (k+1)-th
@@ -388,6 +398,7 @@ def build_model(costs: NodeCosts, counts: Counts, memory: MemoryScale, capacity:
     # Reads: each present instance of v finds exactly one held instance of each input u.
     cover: dict[tuple[int, int, int, int], cp_model.IntVar] = {}
     for v in range(n):
+        clock.check(METHOD, "building the CP-SAT model (its read literals)")
         for u in costs.preds[v]:
             for j, reader in enumerate(instances[v]):
                 choices = []
@@ -401,7 +412,9 @@ def build_model(costs: NodeCosts, counts: Counts, memory: MemoryScale, capacity:
                 model.add(sum(choices) == reader.present)
 
     # Implied: later instances of v read the same or a later instance of u (both are in time order).
-    for (u, i, v, j), lit in cover.items():
+    for position, ((u, i, v, j), lit) in enumerate(cover.items()):
+        if position % 4096 == 0:
+            clock.check(METHOD, "building the CP-SAT model (its implied read order)")
         for earlier in range(i):
             if (u, earlier, v, j + 1) in cover:
                 model.add_bool_or([~lit, ~cover[u, earlier, v, j + 1]])
@@ -410,7 +423,9 @@ def build_model(costs: NodeCosts, counts: Counts, memory: MemoryScale, capacity:
     # to the end; a non-output sink is freed right after it is computed.
     last: dict[tuple[int, int, int, int], cp_model.IntVar] = {}
     readers: dict[tuple[int, int], list] = {}
-    for (u, i, v, j), lit in cover.items():
+    for position, ((u, i, v, j), lit) in enumerate(cover.items()):
+        if position % 4096 == 0:
+            clock.check(METHOD, "building the CP-SAT model (its last readers)")
         final = model.new_bool_var(f"last_{u}_{i}_{v}_{j}")
         model.add_implication(final, lit)
         model.add(instances[u][i].stop == instances[v][j].start + 1).only_enforce_if(final)
@@ -545,6 +560,40 @@ class _Watcher(cp_model.CpSolverSolutionCallback if cp_model else object):
             self.stop_search()
 
 
+def solve_interruptibly(solver: "cp_model.CpSolver", model: "cp_model.CpModel",
+                        callback: "cp_model.CpSolverSolutionCallback") -> int:
+    """``solver.solve(model, callback)``, with Ctrl-C (SIGINT) raising ``KeyboardInterrupt`` here.
+
+    By default CP-SAT catches SIGINT during a solve (``catch_sigint_signal``) and ends the search
+    as if its time were up: a Ctrl-C came back as a cut-short result, planned and written as if
+    nothing had happened (issue 17). So the parameter is off, and the solve runs in a worker thread
+    while the calling thread waits on it in short joins: a signal then reaches Python's own handler,
+    whose ``KeyboardInterrupt`` stops the search (``stop_search`` is thread-safe), waits for the
+    worker, and propagates.
+    """
+    solver.parameters.catch_sigint_signal = False
+    result: dict = {}
+
+    def work() -> None:
+        try:
+            result["code"] = solver.solve(model, callback)
+        except BaseException as error:  # noqa: BLE001 - handed to the calling thread below
+            result["error"] = error
+
+    worker = threading.Thread(target=work, name="cpsat-solve", daemon=True)
+    worker.start()
+    try:
+        while worker.is_alive():
+            worker.join(0.1)  # short joins: a pending signal is handled between them
+    except KeyboardInterrupt:
+        solver.stop_search()
+        worker.join()
+        raise
+    if "error" in result:
+        raise result["error"]
+    return result["code"]
+
+
 def run_solver(rm: RetentionModel, time_limit: float | None, workers: int,
                restart: Callable[[float, list[int]], bool] | None = None) -> Outcome:
     solver = cp_model.CpSolver()
@@ -555,7 +604,7 @@ def run_solver(rm: RetentionModel, time_limit: float | None, workers: int,
     if time_limit is not None:
         solver.parameters.max_time_in_seconds = max(0.05, time_limit)
     watcher = _Watcher(rm, restart)
-    code = solver.solve(rm.model, watcher)
+    code = solve_interruptibly(solver, rm.model, watcher)
     name = "RESTART" if watcher.stopped else solver.status_name(code)
     found = code in (cp_model.OPTIMAL, cp_model.FEASIBLE)
     LOG.debug("cp-sat: horizon %d, %s after %.2f s, objective %s, bound %s", rm.horizon, name,
@@ -589,26 +638,10 @@ class Known:
             self.best = candidate
 
 
-@dataclass
-class Clock:
-    limit: float | None
-    started: float = field(default_factory=time.perf_counter)
-
-    def left(self) -> float | None:
-        return None if self.limit is None else self.limit - (time.perf_counter() - self.started)
-
-    def share(self, fraction: float) -> float | None:
-        left = self.left()
-        return None if left is None else max(0.05, left * fraction)
-
-    def expired(self) -> bool:
-        left = self.left()
-        return left is not None and left <= 0.05
-
-    def budget_for_bounds(self) -> float:
-        """Seconds for one backward bound or heuristic: at most BOUND_SECONDS, a tenth of what is left."""
-        left = self.left()
-        return BOUND_SECONDS if left is None else max(0.01, min(BOUND_SECONDS, 0.1 * left))
+def bound_seconds(clock: Clock) -> float:
+    """Seconds for one backward bound or heuristic: at most BOUND_SECONDS, a tenth of what is left."""
+    left = clock.left()
+    return BOUND_SECONDS if left is None else max(0.01, min(BOUND_SECONDS, 0.1 * left))
 
 
 @dataclass(frozen=True)
@@ -658,18 +691,16 @@ def checked(graph, costs: NodeCosts, computes: Sequence[int], budget: int | None
 
 
 def heuristic_schedules(graph, budget: int, clock: Clock) -> list[Schedule]:
-    """Schedules of the quick methods within the budget (hints). Each method may be missing
-    (written by others) or fail: a hint is optional and must never sink the exact solver."""
-    from .api import solve  # late: api imports the methods lazily too
-
+    """Schedules of the quick methods within the budget (hints). A method that is infeasible, out
+    of time or unavailable gives none (:func:`solvers.options.schedule_from`); any other failure
+    is a bug in it and propagates."""
     found = []
     for method in HEURISTIC_METHODS:
         if clock.expired():
             break
-        try:
-            found.append(solve(graph, budget, method=method, time_limit=clock.share(0.1)))
-        except Exception as error:  # noqa: BLE001 - see the docstring
-            LOG.debug("cpsat: no hint from %s: %s", method, error)
+        schedule = schedule_from(graph, budget, method, clock.share(0.1))
+        if schedule is not None:
+            found.append(schedule)
     return found
 
 
@@ -872,9 +903,13 @@ def min_peak_phase(graph, costs: NodeCosts, memory: MemoryScale, budget: int, lo
         return PeakResult(shortcut.computes, shortcut.simulation.peak_bytes, lower, True, counts)
     low = max(memory.capacity(budget), memory.units_at_least(lower))
     high = max(low, memory.units_at_least(store_all.simulation.peak_bytes))
-    rm = build_model(costs, counts, memory, (low, high), None)
-    add_hint(rm, costs, memory, store_all.computes)
-    outcome = run_solver(rm, clock.share(PHASE1_TIME_SHARE), workers)
+    try:
+        rm = build_model(costs, counts, memory, (low, high), None, clock=clock)
+    except SolverTimeout:  # no search: what the heuristics found stands, unproven
+        outcome = Outcome("BUILD_TIMEOUT", None, None)
+    else:
+        add_hint(rm, costs, memory, store_all.computes)
+        outcome = run_solver(rm, clock.share(PHASE1_TIME_SHARE), workers)
     found = checked(graph, costs, outcome.computes, None) if outcome.computes is not None else store_all
     if shortcut is not None and shortcut.simulation.peak_bytes < found.simulation.peak_bytes:
         found = shortcut
@@ -886,16 +921,18 @@ def min_peak_phase(graph, costs: NodeCosts, memory: MemoryScale, budget: int, lo
 
 
 def raise_infeasible(budget: int, result: PeakResult, clock: Clock) -> None:
-    """Phase 1 did not reach the budget: say the least budget found and whether it is proven."""
+    """Phase 1 did not reach the budget: :class:`Infeasible` with the least budget when it is
+    proven (over every schedule, or over the model's capped counts), else :class:`SolverTimeout`:
+    an unproven minimum must not be reported as the least budget (issue 17)."""
     peak, lower = result.peak, result.lower
     if peak <= lower:
         detail = f"the smallest peak of any schedule is {peak} bytes"
-    elif lower > budget:
-        detail = f"every schedule peaks at {lower} bytes or more; the smallest peak found is {peak} bytes"
     elif not result.finished:
-        raise TimeoutError(
-            f"cpsat found no schedule within {budget} bytes before the time limit of {clock.limit} s; "
-            f"the smallest peak found is {peak} bytes (every schedule needs at least {lower} bytes)")
+        out_of_reach = (f"every schedule peaks at {lower} bytes or more, so {budget} bytes is out of reach, but "
+                        if lower > budget else f"no schedule within {budget} bytes was found and ")
+        raise SolverTimeout(
+            f"cpsat: {out_of_reach}the least budget was not proven within the time limit of {clock.limit:g} s "
+            f"(the smallest peak found is {peak} bytes; every schedule needs at least {lower} bytes)", method=METHOD)
     else:
         detail = (f"with up to {result.counts.largest} intervals per node the smallest peak is {peak} bytes "
                   f"(not proven minimal over all schedules; every schedule needs at least {lower} bytes)")
@@ -906,19 +943,22 @@ def solve_cpsat(graph, budget: int, time_limit: float | None = None, *, workers:
                 hints: bool = True, max_intervals: int | None = None) -> Schedule:
     """The cheapest schedule of ``graph`` whose peak fits ``budget`` bytes, over all orders.
 
-    ``time_limit`` (seconds) bounds the whole call; ``workers`` is CP-SAT's thread count (default:
+    ``time_limit`` (seconds; default :data:`solvers.options.DEFAULT_TIME_LIMIT`) bounds the whole
+    call, building the models included; ``workers`` is CP-SAT's thread count (default:
     every core); ``hints`` seeds CP-SAT with the best schedule of the quick methods (``store-all``,
     ``chen-greedy``, ``dp``, whichever exist); ``max_intervals`` caps the instances of a node (the
     status is then ``optimal`` only if the module doc's argument shows the cap excludes nothing).
-    Raises :class:`Infeasible` (with the minimum budget) when no schedule fits, and
-    ``TimeoutError`` when the time limit passes before any schedule within the budget is found and
-    the budget is not proven infeasible.
+    Raises :class:`Infeasible` (with the minimum budget) when no schedule fits and that minimum is
+    proven (over every schedule, or over the capped counts, as the message says), and
+    :class:`SolverTimeout` when the time limit passes before a schedule within the budget or the
+    minimum is found. Ctrl-C during a CP-SAT search raises ``KeyboardInterrupt``
+    (:func:`solve_interruptibly`).
     """
     if cp_model is None:
         raise SolverUnavailable("the cpsat method needs OR-tools: pip install ortools")
     if max_intervals is not None and max_intervals < 1:
         raise ValueError(f"max_intervals must be at least 1, got {max_intervals!r}")
-    clock = Clock(time_limit)
+    clock = Clock(time_limit_or_default(time_limit))
     workers = workers or os.cpu_count() or 1
     costs = node_costs(graph)
     base = total_cost(graph)
@@ -942,12 +982,12 @@ def solve_cpsat(graph, budget: int, time_limit: float | None = None, *, workers:
 
     horizon_limit = max(FIRST_HORIZON_PER_NODE * n, FIRST_HORIZON_MIN)
     memory = scale_memory(costs, MAX_HORIZON_PER_NODE * max(n, 1))
-    lower_peak = Backward(costs, seconds=clock.budget_for_bounds()).peak()
+    lower_peak = Backward(costs, seconds=bound_seconds(clock)).peak()
     known = Known()
     if hints and lower_peak <= budget:
         for schedule in heuristic_schedules(graph, budget, clock):
             known.offer(checked(graph, costs, [costs.index[v] for v in schedule.computes()], budget))
-        for candidate in greedy_schedules(graph, costs, budget, clock.budget_for_bounds()):
+        for candidate in greedy_schedules(graph, costs, budget, bound_seconds(clock)):
             known.offer(candidate)
 
     # Phase 1 when nothing known fits: it proves the budget infeasible or finds a first schedule.
@@ -960,7 +1000,7 @@ def solve_cpsat(graph, budget: int, time_limit: float | None = None, *, workers:
                 shortcut = exact
             else:
                 shortcut = low_peak_schedule(graph, costs, max(budget, lower_peak), store_all.simulation.peak_bytes,
-                                             clock.budget_for_bounds())
+                                             bound_seconds(clock))
         result = min_peak_phase(graph, costs, memory, budget, lower_peak, store_all, shortcut, clock, workers,
                                 hard_cap, horizon_limit)
         if result.peak > budget:
@@ -976,7 +1016,7 @@ def cost_phase(graph, costs: NodeCosts, memory: MemoryScale, budget: int, known:
     schedule, and restarts smaller when a better schedule shrinks the counts (rule 3)."""
     n, base = costs.n, float(sum(costs.cost))
     cost_scale = scale_costs(costs.cost, MAX_HORIZON_PER_NODE * max(n, 1))
-    floor_units = Backward(costs, seconds=clock.budget_for_bounds()).cost(budget, cost_scale.units)
+    floor_units = Backward(costs, seconds=bound_seconds(clock)).cost(budget, cost_scale.units)
     if math.isinf(floor_units):  # no schedule fits, yet one is known: a bug in the bound
         raise AssertionError("cpsat: the backward cost bound says no schedule fits the budget")
     floor = max(base, cost_scale.seconds(floor_units))  # units are rounded down: a valid bound
@@ -994,8 +1034,12 @@ def cost_phase(graph, costs: NodeCosts, memory: MemoryScale, budget: int, known:
             break
         spare = known.cost - base
         counts = interval_counts(costs, caps, spare, hinted())
-        rm = build_model(costs, counts, memory, (memory.capacity(budget),) * 2, cost_scale.units,
-                         max_computations(costs, spare), int(floor_units))
+        try:
+            rm = build_model(costs, counts, memory, (memory.capacity(budget),) * 2, cost_scale.units,
+                             max_computations(costs, spare), int(floor_units), clock=clock)
+        except SolverTimeout:
+            status = "BUILD_TIMEOUT"  # the best schedule known stands, with the bound so far
+            break
         if fits(counts, known.computes):
             add_hint(rm, costs, memory, known.computes)
 
@@ -1032,7 +1076,9 @@ def cost_phase(graph, costs: NodeCosts, memory: MemoryScale, budget: int, known:
         if counts is not None and any(counts.capped):
             notes.append(f"optimal with up to {counts.largest} intervals per node" if status == "OPTIMAL"
                          else f"searched with up to {counts.largest} intervals per node")
-        if status not in ("OPTIMAL", "INFEASIBLE"):
+        if status == "BUILD_TIMEOUT":
+            notes.append("the time limit passed while building the CP-SAT model: the best schedule known stands")
+        elif status not in ("OPTIMAL", "INFEASIBLE"):
             notes.append("time limit reached before optimality was proven")
         if not memory.exact:
             notes.append("sizes were rounded up to fit CP-SAT's integers, so only the trivial bound holds")

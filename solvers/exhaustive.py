@@ -19,9 +19,10 @@ import heapq
 import itertools
 import time
 
-from .errors import Infeasible
+from .errors import Infeasible, SolverTimeout
 from .graph import NodeCosts, node_costs
 from .liveness import schedule_from_computes
+from .options import time_limit_or_default
 from .schedule import Schedule
 from .simulate import simulate
 
@@ -80,7 +81,7 @@ class _Moves:
 def min_cost_schedule(graph, budget: int, time_limit: float | None = None) -> Schedule:
     """The cheapest schedule whose peak is at most ``budget`` bytes, proven optimal.
 
-    Raises :class:`Infeasible` (with the true minimum budget) when none fits, and ``TimeoutError``
+    Raises :class:`Infeasible` (with the true minimum budget) when none fits, and :class:`SolverTimeout`
     when ``time_limit`` seconds pass first.
     """
     started = time.perf_counter()
@@ -104,7 +105,7 @@ def min_cost_schedule(graph, budget: int, time_limit: float | None = None) -> Sc
                 method="exhaustive", status="optimal", gap=0.0, lower_bound=spent,
                 solve_seconds=time.perf_counter() - started, budget_bytes=budget, compute_cost=spent)
         if time_limit is not None and time.perf_counter() - started > time_limit:
-            raise TimeoutError(f"exhaustive search did not finish within {time_limit} s")
+            raise SolverTimeout(f"exhaustive search did not finish within {time_limit:g} s", method="exhaustive")
         for is_compute, v, new_held, new_done, new_bytes, during in moves(held, done, held_bytes, budget):
             new_spent = spent + costs.cost[v] if is_compute else spent
             key = (new_held, new_done)
@@ -114,7 +115,8 @@ def min_cost_schedule(graph, budget: int, time_limit: float | None = None) -> Sc
                 # ties in the bound go to the deeper state: it reaches a goal sooner
                 heapq.heappush(frontier, (new_spent + still_to_compute(new_done), -new_spent, next(counter),
                                           new_held, new_done, new_bytes))
-    raise Infeasible(f"no schedule fits in {budget} bytes", min_budget=min_peak(graph), method="exhaustive")
+    left = None if time_limit is None else max(0.0, time_limit - (time.perf_counter() - started))
+    raise Infeasible(f"no schedule fits in {budget} bytes", min_budget=min_peak(graph, left), method="exhaustive")
 
 
 def _computes_to(held: int, done: int, parent: dict, costs: NodeCosts) -> list:
@@ -131,7 +133,7 @@ def _computes_to(held: int, done: int, parent: dict, costs: NodeCosts) -> list:
 
 def min_peak_schedule(graph, time_limit: float | None = None) -> Schedule:
     """A schedule with the smallest peak (bytes) over all valid schedules, proven: the bottleneck
-    shortest path (Dijkstra on the peak so far). Raises ``TimeoutError`` when ``time_limit`` seconds
+    shortest path (Dijkstra on the peak so far). Raises :class:`SolverTimeout` when ``time_limit`` seconds
     pass first."""
     started = time.perf_counter()
     costs = _prepare(graph)
@@ -147,7 +149,8 @@ def min_peak_schedule(graph, time_limit: float | None = None) -> Schedule:
         if moves.is_goal(held, done):
             return schedule_from_computes(graph, _computes_to(held, done, parent, costs))
         if time_limit is not None and time.perf_counter() - started > time_limit:
-            raise TimeoutError(f"exhaustive search for the minimum peak did not finish within {time_limit} s")
+            raise SolverTimeout(f"exhaustive search for the minimum peak did not finish within {time_limit:g} s",
+                                method="exhaustive")
         for is_compute, v, new_held, new_done, new_bytes, during in moves(held, done, held_bytes):
             new_peak = max(peak, during) if is_compute else peak
             key = (new_held, new_done)
@@ -158,11 +161,15 @@ def min_peak_schedule(graph, time_limit: float | None = None) -> Schedule:
     raise AssertionError("unreachable: computing every node once in topological order is always valid")
 
 
-def min_peak(graph) -> int:
-    """The smallest peak (bytes) over all valid schedules: the minimum feasible budget."""
-    return simulate(graph, min_peak_schedule(graph)).peak_bytes
+def min_peak(graph, time_limit: float | None = None) -> int:
+    """The smallest peak (bytes) over all valid schedules: the minimum feasible budget. Raises
+    ``TimeoutError`` when ``time_limit`` seconds pass first."""
+    return simulate(graph, min_peak_schedule(graph, time_limit)).peak_bytes
 
 
 def solve_exhaustive(graph, budget: int, time_limit: float | None = None) -> Schedule:
-    """The ``exhaustive`` method: :func:`min_cost_schedule`, for graphs of up to ~18 nodes."""
-    return min_cost_schedule(graph, budget, time_limit)
+    """The ``exhaustive`` method: :func:`min_cost_schedule`, for graphs of up to ~18 nodes, within
+    ``time_limit`` seconds (default :data:`solvers.options.DEFAULT_TIME_LIMIT`: the search is
+    exponential, and up to ``MAX_NODES`` nodes it can run for hours). Raises
+    :class:`SolverTimeout` when the limit passes first."""
+    return min_cost_schedule(graph, budget, time_limit_or_default(time_limit))

@@ -169,6 +169,24 @@ def with_extras(graph: nx.DiGraph, seed: int = 0) -> nx.DiGraph:
     return graph
 
 
+# docs/algorithms.md, "Checkmate": the optima (compute cost) of the linear training graph with unit
+# costs and sizes, training_graph(layers, unit=True), by layers and then by budget (bytes).
+CHECKMATE_LINEAR_OPTIMA = {
+    4: {3: 15, 4: 11, 5: 10, 6: 9},
+    8: {3: 45, 4: 26, 5: 22, 6: 21, 7: 20, 8: 19, 9: 18, 10: 17},
+}
+
+
+def trap_graph() -> nx.DiGraph:
+    """docs/algorithms.md, Checkmate trap 1: at budget 4 the order of first computations 0, 1, 2, 3
+    costs 13 at best, while the optimum (10) computes node 3 before nodes 1 and 2."""
+    graph = nx.DiGraph()
+    for node, (cost, mem) in enumerate(zip([3, 1, 1, 5], [1, 2, 2, 3])):
+        graph.add_node(node, cost=float(cost), mem=mem)
+    graph.add_edges_from([(0, 1), (1, 2), (0, 3)])
+    return graph
+
+
 def store_all_peak(graph) -> int:
     return simulate(graph, store_all_schedule(graph)).peak_bytes
 

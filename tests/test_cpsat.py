@@ -10,10 +10,10 @@ from __future__ import annotations
 import math
 import random
 
-import networkx as nx
 import pytest
 
-from graphs import (chain, parameter_gradient_graph, random_dag, store_all_peak, training_graph,
+from graphs import CHECKMATE_LINEAR_OPTIMA as CHECKMATE_LINEAR
+from graphs import (chain, parameter_gradient_graph, random_dag, store_all_peak, training_graph, trap_graph,
                     with_extras)
 from solvers import Infeasible, simulate, solve, total_cost
 from solvers.cpsat import (Backward, Counts, capped_lower_bound, essential_computes, interval_counts,
@@ -21,10 +21,6 @@ from solvers.cpsat import (Backward, Counts, capped_lower_bound, essential_compu
 from solvers.exhaustive import min_cost_schedule, min_peak
 from solvers.graph import node_costs
 
-CHECKMATE_LINEAR = {  # docs/algorithms.md, "Checkmate": unit training graphs, budget -> optimum
-    4: {3: 15, 4: 11, 5: 10, 6: 9},
-    8: {3: 45, 4: 26, 5: 22, 6: 21, 7: 20, 8: 19, 9: 18, 10: 17},
-}
 
 
 def assert_matches_exhaustive(graph, budget: int, **options) -> None:
@@ -59,10 +55,7 @@ def sweep(graph, **options) -> int:
 @pytest.mark.parametrize("hints", [True, False])
 def test_checkmate_trap_is_solved_by_changing_the_order(hints):
     """docs/algorithms.md, Checkmate trap 1: a fixed first-computation order gives 13; the optimum is 10."""
-    graph = nx.DiGraph()
-    for node, (cost, mem) in enumerate(zip([3, 1, 1, 5], [1, 2, 2, 3])):
-        graph.add_node(node, cost=float(cost), mem=mem)
-    graph.add_edges_from([(0, 1), (1, 2), (0, 3)])
+    graph = trap_graph()
     schedule = solve(graph, 4, method="cpsat", hints=hints)
     assert schedule.info.compute_cost == 10
     assert schedule.info.status == "optimal"
@@ -254,3 +247,85 @@ def test_unread_computations_are_dropped_even_the_first():
     assert kept.count(9) == 1 and kept[-1] == 9  # the output's last computation stays
     assert kept.count(6) == 1
     assert kept.count(3) == 1 and kept.count(7) == 1
+
+
+# -- time limits and signals ----------------------------------------------------------------------------
+INTERRUPTED_SOLVE = """
+import sys, time
+sys.path[:0] = [{root!r}, {tests!r}]
+from graphs import store_all_peak, training_graph
+from solvers import cpsat, solve
+
+original = cpsat.solve_interruptibly
+
+def announced(*args):
+    print("searching", flush=True)  # the parent sends SIGINT once CP-SAT is searching
+    return original(*args)
+
+cpsat.solve_interruptibly = announced
+graph = training_graph(50, skips=10)
+started = time.perf_counter()
+try:
+    solve(graph, store_all_peak(graph) // 2, method="cpsat", time_limit=120, hints=False)
+except KeyboardInterrupt:
+    print(f"interrupted after {{time.perf_counter() - started:.1f}} s", flush=True)
+    raise
+print("returned", flush=True)
+"""
+
+
+def test_ctrl_c_during_a_cp_sat_search_raises_keyboard_interrupt():
+    # CP-SAT catches SIGINT by default and ends its search as if time were up: the solve returned
+    # a cut-short schedule and the caller never knew (issue 17). Here the signal must propagate.
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    script = INTERRUPTED_SOLVE.format(root=root, tests=os.path.join(root, "tests"))
+    process = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True)
+    try:
+        assert process.stdout.readline().strip() == "searching"
+        time.sleep(1.0)  # well inside the search: it runs for minutes on this graph
+        sent = time.perf_counter()
+        process.send_signal(signal.SIGINT)
+        out, err = process.communicate(timeout=60)
+        waited = time.perf_counter() - sent
+    finally:
+        process.kill()
+    assert "returned" not in out
+    assert "interrupted after" in out and "KeyboardInterrupt" in err, (out, err[-2000:])
+    assert process.returncode != 0
+    assert waited < 20  # stopped at once, not at the end of the 120 s limit
+
+
+def test_building_the_model_counts_against_the_time_limit(monkeypatch):
+    # On a 250-node layered DAG building the model took minutes, untimed: a 60 s limit overran by
+    # 75-225 s (issue 20). Here every interval takes 50 ms to create (seconds per model): the
+    # call must still end near its limit, with the best schedule known or a timeout.
+    import time
+
+    from ortools.sat.python import cp_model
+
+    create = cp_model.CpModel.new_optional_fixed_size_interval_var
+
+    def slowly(self, *args, **kwargs):
+        time.sleep(0.05)
+        return create(self, *args, **kwargs)
+
+    monkeypatch.setattr(cp_model.CpModel, "new_optional_fixed_size_interval_var", slowly)
+    graph = training_graph(60, seed=2, skips=8)
+    budget = store_all_peak(graph) // 2
+    started = time.perf_counter()
+    try:
+        schedule = solve(graph, budget, method="cpsat", time_limit=3)
+    except TimeoutError as error:
+        assert "time limit" in str(error)
+    else:  # the best heuristic schedule stands, and the report says why
+        assert schedule.info.status == "feasible"
+        assert "building the CP-SAT model" in schedule.info.message
+    # the limit, plus one node's intervals (C_v x 50 ms) and the heuristics' overrun
+    assert time.perf_counter() - started < 3 + 2.5

@@ -1,16 +1,12 @@
 """The exhaustive search, ground truth for the exact solvers, reproduces known optima."""
 
-import networkx as nx
 import pytest
 
-from graphs import random_dag, training_graph
+from graphs import CHECKMATE_LINEAR_OPTIMA as CHECKMATE_LINEAR
+from graphs import random_dag, training_graph, trap_graph
 from solvers import Infeasible, simulate
 from solvers.exhaustive import min_cost_schedule, min_peak
 
-CHECKMATE_LINEAR = {
-    4: {3: 15, 4: 11, 5: 10, 6: 9},
-    8: {3: 45, 4: 26, 5: 22, 6: 21, 7: 20, 8: 19, 9: 18, 10: 17},
-}
 
 
 @pytest.mark.parametrize("layers", [4, 8])
@@ -29,10 +25,7 @@ def test_checkmate_linear_training_graph_optima(layers):
 
 def test_order_free_optimum_beats_checkmates_fixed_order():
     """docs/algorithms.md, Checkmate trap 1: the true optimum computes node 3 before 1 and 2."""
-    g = nx.DiGraph()
-    for node, (cost, mem) in enumerate(zip([3, 1, 1, 5], [1, 2, 2, 3])):
-        g.add_node(node, cost=float(cost), mem=mem)
-    g.add_edges_from([(0, 1), (1, 2), (0, 3)])
+    g = trap_graph()
     schedule = min_cost_schedule(g, 4)
     assert simulate(g, schedule).compute_cost == 10
     computes = schedule.computes()

@@ -12,7 +12,8 @@ import random
 import networkx as nx
 import pytest
 
-from graphs import chain, parameter_gradient_graph, random_dag, training_graph
+from graphs import CHECKMATE_LINEAR_OPTIMA as KNOWN_OPTIMA
+from graphs import chain, parameter_gradient_graph, random_dag, training_graph, trap_graph
 from solvers import Infeasible, Schedule, SolverUnavailable, simulate, solve
 from solvers import ilp
 from solvers.clock import Clock
@@ -20,11 +21,6 @@ from solvers.exhaustive import min_cost_schedule, min_peak
 from solvers.graph import node_costs
 from solvers.store_all import store_all_schedule
 
-# docs/algorithms.md, "Checkmate": unit cost and memory, linear training graph of L layers.
-KNOWN_OPTIMA = {
-    4: {3: 15, 4: 11, 5: 10, 6: 9},
-    8: {3: 45, 4: 26, 5: 22, 6: 21, 7: 20, 8: 19, 9: 18, 10: 17},
-}
 
 
 def check(graph, schedule, budget):
@@ -37,15 +33,6 @@ def check(graph, schedule, budget):
 
 def store_all_peak(graph) -> int:
     return simulate(graph, store_all_schedule(graph)).peak_bytes
-
-
-def trap_graph():
-    """docs/algorithms.md, Checkmate trap 1: the fixed first-computation order costs 13, the optimum 10."""
-    graph = nx.DiGraph()
-    graph.add_edges_from([(0, 1), (1, 2), (0, 3)])
-    for node, (cost, mem) in enumerate(zip([3, 1, 1, 5], [1, 2, 2, 3])):
-        graph.nodes[node].update(cost=float(cost), mem=mem)
-    return graph
 
 
 def with_extras(graph, seed: int):
