@@ -26,6 +26,24 @@ def quiet_native_stderr() -> Iterator[None]:
         os.close(saved)
 
 
+@contextlib.contextmanager
+def cpu_memory_profile() -> Iterator:
+    """``torch.profiler.profile(profile_memory=True)`` on CPU, started and stopped with the native
+    stderr silenced (:func:`quiet_native_stderr`), and stopped whatever happens inside: a profiler
+    left enabled by an exception made the process crash at exit (rc 139), even when the caller had
+    caught the error. Yields the profiler, whose events are read after the block."""
+    import torch
+
+    recorder = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True)
+    with quiet_native_stderr():
+        recorder.__enter__()
+    try:
+        yield recorder
+    finally:
+        with quiet_native_stderr():
+            recorder.__exit__(None, None, None)
+
+
 def cpu_allocations(roots: Iterable) -> list[tuple[int, int]]:
     """(start time in ns, bytes; negative for a release) of every CPU allocation event under
     ``roots`` (profiler events, with their descendants), in time order."""
@@ -64,12 +82,6 @@ def allocated_while(step: Callable[[], object], cuda_device: int | None = None) 
         torch.cuda.synchronize(cuda_device)
         return (torch.cuda.max_memory_allocated(cuda_device) - before,
                 torch.cuda.memory_allocated(cuda_device) - before)
-    recorder = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True)
-    with quiet_native_stderr():
-        recorder.__enter__()
-    try:
+    with cpu_memory_profile() as recorder:
         step()
-    finally:
-        with quiet_native_stderr():
-            recorder.__exit__(None, None, None)
     return replay(cpu_allocations(recorder.profiler.kineto_results.experimental_event_tree()))

@@ -9,6 +9,7 @@ buffer) are not executed: measuring must not change the model.
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -16,7 +17,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.fx as fx
 
-from .allocations import cpu_allocations, quiet_native_stderr, replay
+from .allocations import cpu_allocations, cpu_memory_profile, replay
 from .state import cuda_devices, get_rng_state, set_rng_state
 
 # Memory the CUDA caching allocator hands out comes in blocks of this many bytes.
@@ -88,52 +89,14 @@ def time_ops(graph_module: fx.GraphModule, inputs: list, repeats: int = 5) -> Op
     try:
         for run in range(repeats + 1):  # the first run warms up (lazy initialisation, allocator)
             warm_up = run == 0
-            memory_profile = None
-            if warm_up and not use_events:
-                memory_profile = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
-                                                        profile_memory=True)
-                with quiet_native_stderr():
-                    memory_profile.__enter__()
-            set_rng_state(saved_rng)
-            env: dict[str, object] = {}
-            events = []
-            placeholders = iter(inputs)
-            if use_events:
-                torch.cuda.synchronize()
-            run_start = time.perf_counter()
-            with torch.no_grad():
-                for node in graph.nodes:
-                    if node.op == "placeholder":
-                        env[node.name] = next(placeholders)
-                    elif node.op == "call_function" and not _is_buffer_mutation(node):
-                        args = fx.node.map_arg(node.args, lambda n: env[n.name])
-                        kwargs = fx.node.map_arg(node.kwargs, lambda n: env[n.name])
-                        if warm_up and use_events:
-                            env[node.name] = _cuda_with_scratch(node, args, kwargs, scratch)
-                        elif warm_up:
-                            with torch.profiler.record_function(SCRATCH_LABEL + node.name):
-                                env[node.name] = node.target(*args, **kwargs)
-                        elif use_events:
-                            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                            start.record()
-                            env[node.name] = node.target(*args, **kwargs)
-                            end.record()
-                            events.append((node.name, start, end))
-                        else:
-                            start_time = time.perf_counter()
-                            env[node.name] = node.target(*args, **kwargs)
-                            samples.setdefault(node.name, []).append(time.perf_counter() - start_time)
-                    for value in frees.get(node.name, ()):
-                        env.pop(value, None)
-            if use_events:
-                torch.cuda.synchronize()
-                for name, start, end in events:
-                    samples.setdefault(name, []).append(start.elapsed_time(end) / 1000.0)
-            step_times.append(time.perf_counter() - run_start)
-            env.clear()  # release the run's tensors before the next one
+            # The memory profiler is entered and left by a context manager: an op that raises must
+            # not leave torch.profiler enabled (the process then crashed at exit, rc 139, even when
+            # the caller caught the error).
+            recording = cpu_memory_profile() if warm_up and not use_events else contextlib.nullcontext()
+            with recording as memory_profile:
+                step_times.append(_run_graph(graph_module, inputs, frees, warm_up, use_events, saved_rng,
+                                             samples, scratch))
             if memory_profile is not None:
-                with quiet_native_stderr():
-                    memory_profile.__exit__(None, None, None)
                 scratch.update(_scratch_from_events(memory_profile))
     finally:
         set_rng_state(saved_rng)
@@ -141,6 +104,62 @@ def time_ops(graph_module: fx.GraphModule, inputs: list, repeats: int = 5) -> Op
     seconds = {name: statistics.median(times) for name, times in samples.items()}
     return OpTimes(seconds, repeats, statistics.median(step_times[1:] if len(step_times) > 1 else step_times),
                    scratch)
+
+
+def constant_value(graph_module: fx.GraphModule, target: str):
+    """The tensor a ``get_attr`` node names (a lifted constant such as ``_tensor_constant0``:
+    ``ids[:, 0] = start_id`` in Hugging Face's T5 and BART), by its dotted attribute path."""
+    value = graph_module
+    for part in target.split("."):
+        value = getattr(value, part)
+    return value
+
+
+def _run_graph(graph_module: fx.GraphModule, inputs: list, frees: dict[str, list[str]], warm_up: bool,
+               use_events: bool, saved_rng, samples: dict[str, list[float]], scratch: dict[str, int]) -> float:
+    """One run of the whole graph, op by op, from ``saved_rng``; each op's time (seconds) appended to
+    ``samples`` (not in the warm-up run, whose ops run labelled for the memory profiler, or with
+    the CUDA allocator's statistics into ``scratch``). Returns the run's wall time in seconds."""
+    set_rng_state(saved_rng)
+    env: dict[str, object] = {}
+    events = []
+    placeholders = iter(inputs)
+    if use_events:
+        torch.cuda.synchronize()
+    run_start = time.perf_counter()
+    with torch.no_grad():
+        for node in graph_module.graph.nodes:
+            if node.op == "placeholder":
+                env[node.name] = next(placeholders)
+            elif node.op == "get_attr":
+                env[node.name] = constant_value(graph_module, node.target)
+            elif node.op == "call_function" and not _is_buffer_mutation(node):
+                args = fx.node.map_arg(node.args, lambda n: env[n.name])
+                kwargs = fx.node.map_arg(node.kwargs, lambda n: env[n.name])
+                if warm_up and use_events:
+                    env[node.name] = _cuda_with_scratch(node, args, kwargs, scratch)
+                elif warm_up:
+                    with torch.profiler.record_function(SCRATCH_LABEL + node.name):
+                        env[node.name] = node.target(*args, **kwargs)
+                elif use_events:
+                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    start.record()
+                    env[node.name] = node.target(*args, **kwargs)
+                    end.record()
+                    events.append((node.name, start, end))
+                else:
+                    start_time = time.perf_counter()
+                    env[node.name] = node.target(*args, **kwargs)
+                    samples.setdefault(node.name, []).append(time.perf_counter() - start_time)
+            for value in frees.get(node.name, ()):
+                env.pop(value, None)
+    if use_events:
+        torch.cuda.synchronize()
+        for name, start, end in events:
+            samples.setdefault(name, []).append(start.elapsed_time(end) / 1000.0)
+    elapsed = time.perf_counter() - run_start
+    env.clear()  # release the run's tensors before the next one
+    return elapsed
 
 
 def _cuda_with_scratch(node: fx.Node, args, kwargs, scratch: dict[str, int]):
