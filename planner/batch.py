@@ -49,6 +49,9 @@ def _parser() -> argparse.ArgumentParser:
                         help="where measured op times are kept between sweeps (default: OUT/.profile-cache)")
     parser.add_argument("--no-cache", action="store_true", help="time every model afresh and keep nothing")
     parser.add_argument("--retry-failed", action="store_true", help="run failed runs again (finished ones are kept)")
+    from .cli import add_verbosity
+
+    add_verbosity(parser)
     return parser
 
 
@@ -184,17 +187,36 @@ def _default_out(config: str) -> str:
     return f"{os.path.splitext(os.path.basename(config))[0]}-results"
 
 
+def _check_folders(sweep: Sweep, out: str, cache_dir: str | None) -> None:
+    """--out and --cache-dir before any work: folders (or to be made), writable, and no file the sweep
+    writes is its sweep file or one of its model files."""
+    from .files import WriteError, check_output
+
+    inputs = [sweep.path, *(m.file for m in sweep.models)]
+    for folder, option in ((out, "--out"), (cache_dir, "--cache-dir")):
+        if folder is None:
+            continue
+        if os.path.lexists(folder) and not os.path.isdir(folder):
+            raise WriteError(folder, f"it is a file, not a folder; {option} names the folder the sweep writes into")
+        for name in ("results.csv", "results.md") if option == "--out" else ("probe",):
+            check_output(os.path.join(folder, name), inputs=inputs, option=option)
+
+
 def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
     if args.jobs < 1:
         raise BatchUsageError(f"--jobs must be at least 1, got {args.jobs}")
+    from .cli import setup_logging
+
+    setup_logging(args.verbose)
     sweep = load_sweep(args.config)  # every error in the file before any work
     out = args.out or _default_out(args.config)
     cache_dir = None if args.no_cache else (args.cache_dir or os.path.join(out, ".profile-cache"))
+    _check_folders(sweep, out, cache_dir)
     results = Results(out)
     results.remove_temporaries()
     todo = [run for run in sweep.runs if not results.is_done(run, args.retry_failed)]
-    progress = Progress()
+    progress = Progress(enabled=not args.quiet)
     already = len(sweep.runs) - len(todo)
     progress.note(f"Sweep {args.config}: {len(sweep.runs)} runs over {len(sweep.models)} models"
                   + (f", {already} already done in {out}" if already else "") + f"; {args.jobs} job(s)")

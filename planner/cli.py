@@ -2,20 +2,25 @@
 
     plan-checkpoints MODEL.py --budget 12GB [--solver auto|...] [--device cpu|cuda]
                      [--out plan.json] [--json] [--time-limit SECONDS]
-                     [--max-batch [--max-overhead 0.3]]
+                     [--max-batch [--max-overhead 0.3]] [-v | -q]
     plan-checkpoints batch CONFIG.yaml [--out DIR] [--jobs N]      (planner/batch.py)
     plan-checkpoints show plan.json [--out memory.png]             (planner/show.py)
+    plan-checkpoints --version;  python -m planner ... (the same)
 
-Exit status: 0 on success, 2 for a usage error or a bad model file, budget, plan file or sweep file,
-3 when the budget is below the minimum the solver can reach (the message gives that minimum),
-4 when the solver found no schedule within --time-limit; ``batch`` exits with 1 when any of its runs
-failed.
+Exit status: 0 on success, 2 for a usage error or a bad model file, budget, plan file, sweep file
+or output path, 3 when the budget is below the minimum the solver can reach (the message gives that
+minimum), 4 when the solver found no schedule within --time-limit, 130 when interrupted (Ctrl-C;
+nothing is written); ``batch`` exits with 1 when any of its runs failed. Every error is one line on
+stderr, ``plan-checkpoints: error: ...``; with ``--json`` it is also a JSON object on stdout,
+``{"error": ..., "exit_status": N}``. Output paths are checked before any work, and an output path
+that is one of the inputs is refused.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 import warnings
@@ -23,12 +28,28 @@ import warnings
 EXIT_USAGE = 2
 EXIT_INFEASIBLE = 3
 EXIT_TIMEOUT = 4
+EXIT_INTERRUPTED = 130
+
+USAGE = """plan-checkpoints MODEL.py --budget BUDGET [options]   plan one model file's training step
+       plan-checkpoints batch CONFIG.yaml [--out DIR] [--jobs N] ...   plan a YAML sweep (docs/batch.md)
+       plan-checkpoints show plan.json [--out memory.png]   describe a saved plan
+       plan-checkpoints --version"""
 
 
 def _methods() -> list[str]:
     from solvers import METHODS
 
     return ["auto", *METHODS]
+
+
+def version() -> str:
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed
+
+    try:
+        return installed("plan-checkpoints")
+    except PackageNotFoundError:  # run from a checkout that is not installed
+        return "unknown (not installed)"
 
 
 class _Parser(argparse.ArgumentParser):
@@ -40,40 +61,90 @@ class _UsageError(Exception):
     pass
 
 
+GRANULARITY_FORMS = "'module' (the default: the profiler's choice, finer groupings searched too), 'module:N' (N >= 1) or 'op'"
+
+
+def _granularity(text: str) -> str:
+    """profiler.api.parse_granularity's string forms, checked without importing torch."""
+    if text in ("op", "module", "auto"):
+        return text
+    if text.startswith("module:") and text[7:].isdigit() and int(text[7:]) >= 1:
+        return text
+    raise argparse.ArgumentTypeError(f"{text!r} is not a granularity; accepted: {GRANULARITY_FORMS}")
+
+
+def _time_limit(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value < float("inf"):  # nan fails both
+        raise argparse.ArgumentTypeError(f"{text!r} is not a time limit; give a positive number of seconds (e.g. 30)")
+    return value
+
+
+def add_verbosity(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("-v", "--verbose", action="count", default=0,
+                       help="log what the solvers do on stderr (-vv: in detail)")
+    group.add_argument("-q", "--quiet", action="store_true", help="no progress lines on stderr, only errors and warnings")
+
+
+def setup_logging(verbose: int) -> None:
+    """-v: the tool's loggers (solvers.ilp, solvers.cpsat...) at INFO on stderr; -vv: DEBUG."""
+    if verbose:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("plan-checkpoints: %(name)s: %(message)s"))
+        for name in ("planner", "solvers", "profiler", "runtime"):
+            logger = logging.getLogger(name)
+            logger.addHandler(handler)
+            logger.setLevel(logging.INFO if verbose == 1 else logging.DEBUG)
+
+
 def _plan_parser() -> argparse.ArgumentParser:
     from planner.budget import ACCEPTED_FORMS
 
     parser = _Parser(
         prog="plan-checkpoints",
+        usage=USAGE,
         description="Plan activation checkpointing for a model file's training step under a memory budget.",
-        epilog="Other commands: 'plan-checkpoints batch CONFIG.yaml', 'plan-checkpoints show plan.json'.",
+        epilog="Other commands: 'plan-checkpoints batch CONFIG.yaml' (--help for its options), "
+               "'plan-checkpoints show plan.json'. Exit status: 0 planned, 2 a bad argument, model file or "
+               "output path, 3 the budget is below the minimum, 4 no schedule within --time-limit, 130 interrupted.",
     )
+    parser.add_argument("--version", action="version", version=f"plan-checkpoints {version()}")
     parser.add_argument("model", help="model file defining build_model() and example_inputs()")
     parser.add_argument("--budget", required=True,
                         help=f"peak memory of the whole step on one device (with several processes, each "
                              f"rank's own): {ACCEPTED_FORMS}".replace("%", "%%"))  # argparse formats help with %
     parser.add_argument("--solver", default="auto", choices=_methods(), help="solver (default: auto)")
     parser.add_argument("--device", default=None, choices=["cpu", "cuda"], help="device to profile on (default: where build_model puts it)")
-    parser.add_argument("--out", default="plan.json", help="where to write the plan (default: plan.json)")
-    parser.add_argument("--json", action="store_true", help="print a JSON summary instead of text")
-    parser.add_argument("--time-limit", type=float, default=None, help="seconds the solver may search")
+    parser.add_argument("--out", default="plan.json", help="where to write the plan (default: plan.json); never one of the inputs")
+    parser.add_argument("--json", action="store_true", help="print a JSON summary instead of text (errors too)")
+    parser.add_argument("--time-limit", type=_time_limit, default=None, help="seconds the solver may search")
     parser.add_argument("--model-fn", default="build_model", help="function building the model (default: build_model)")
     parser.add_argument("--inputs-fn", default="example_inputs", help="function giving example inputs (default: example_inputs)")
-    parser.add_argument("--granularity", default="module", help="'module' (default), 'module:N' or 'op'")
+    parser.add_argument("--granularity", default="module", type=_granularity,
+                        help=GRANULARITY_FORMS.replace("%", "%%"))
     parser.add_argument("--max-batch", action="store_true",
                         help="find the largest batch size (dimension 0 of every tensor input) whose plan fits the "
                              "budget, and write that plan")
     parser.add_argument("--max-overhead", default=None, type=_overhead,
                         help="with --max-batch: the most predicted overhead allowed, as a fraction or a "
                              "percentage (0.3 or 30%%; default: any)")
+    add_verbosity(parser)
     return parser
 
 
 def _overhead(text: str) -> float:
-    """'0.3' or '30%' -> 0.3; argparse reports the ValueError as a bad value."""
-    value = float(text[:-1]) / 100 if text.strip().endswith("%") else float(text)
-    if not value >= 0 or value == float("inf"):
-        raise ValueError(text)
+    """'0.3' or '30%' -> 0.3."""
+    try:
+        value = float(text[:-1]) / 100 if text.strip().endswith("%") else float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 <= value < float("inf"):  # nan fails too
+        raise argparse.ArgumentTypeError(f"{text!r} is not an overhead; give a fraction or a percentage >= 0 "
+                                         "(0.3 or 30%: at most 30% slower than without checkpointing)")
     return value
 
 
@@ -121,21 +192,44 @@ def run_plan(argv: list[str]) -> int:
     from planner.budget import parse_budget
 
     args = _plan_parser().parse_args(_join_negative_budget(argv))
-    if args.time_limit is not None and not 0 < args.time_limit < float("inf"):  # nan fails both
-        raise _UsageError(f"--time-limit must be a positive number of seconds, got {args.time_limit}")
     if args.max_overhead is not None and not args.max_batch:
         raise _UsageError("--max-overhead goes with --max-batch (the overhead the largest batch may cost)")
-    budget = parse_budget(args.budget)  # reject a bad budget before any work (and before importing torch)
-    from planner import api
-    from planner.modelfile import load_model_file
+    setup_logging(args.verbose)
+    # Every mistake in the arguments before any work, and before importing torch: the budget, the
+    # model file's path, the output path (never one of the inputs; its folder writable).
+    budget = parse_budget(args.budget)
+    from planner.files import check_output
+    from planner.modelfile import check_model_path
+
+    model_path = check_model_path(args.model)
+    check_output(args.out, inputs=[model_path])
+    from planner.modelfile import guarded, load_model_file
     from planner.progress import Progress
 
-    progress = Progress()
+    progress = Progress(enabled=not args.quiet)
     with progress.task(f"Loading {args.model}"):
-        model_file = load_model_file(args.model, args.model_fn, args.inputs_fn, args.device)
-    if args.max_batch:
-        return _run_max_batch(args, model_file, budget, progress)
+        model_file = load_model_file(model_path, args.model_fn, args.inputs_fn, args.device)
+    # The model's forward and loss run from here on (profiling, the fallback's measurements): a
+    # sys.exit() or os._exit() in them is the model file's error, not the end of the command.
+    with guarded(model_path, "in the model's forward or loss_fn"):
+        try:
+            if args.max_batch:
+                return _run_max_batch(args, model_file, budget, progress)
+            plan = _make_plan(args, model_file, budget, progress)
+        except TimeoutError as error:
+            raise _out_of_time(error, args) from None
+    plan.save(args.out)
+    if args.json:
+        print(json.dumps(_summary_json(plan, args.out), indent=1))
+    else:
+        print(plan.summary())
+        print(f"Plan written to {args.out}")
+    return 0
+
+
+def _make_plan(args, model_file, budget, progress):
     import profiler
+    from planner import api
 
     untraceable = None
     with progress.task(f"Profiling {type(model_file.model).__name__}"):
@@ -147,19 +241,26 @@ def run_plan(argv: list[str]) -> int:
     if untraceable is not None:
         os.environ.setdefault("KINETO_LOG_LEVEL", "99")  # the measuring profiler's start/stop lines
         with progress.task("Could not trace the model; measuring whole blocks to checkpoint"):
-            plan = api.plan_untraceable(model_file.model, model_file.example_inputs, budget,
+            return api.plan_untraceable(model_file.model, model_file.example_inputs, budget,
                                         loss_fn=model_file.loss_fn, reason=untraceable.reason)
-    else:
-        with progress.task(f"Solving with {args.solver}"):
-            plan = api.plan(model_file.model, model_file.example_inputs, budget, solver=args.solver,
-                            time_limit=args.time_limit, profile=profile)
-    plan.save(args.out)
-    if args.json:
-        print(json.dumps(_summary_json(plan, args.out), indent=1))
-    else:
-        print(plan.summary())
-        print(f"Plan written to {args.out}")
-    return 0
+    limit = f" (time limit {args.time_limit:g} s)" if args.time_limit else ""
+    with progress.task(f"Solving with {args.solver}{limit}"):
+        return api.plan(model_file.model, model_file.example_inputs, budget, solver=args.solver,
+                        time_limit=args.time_limit, profile=profile)
+
+
+class _OutOfTime(TimeoutError):
+    pass
+
+
+def _out_of_time(error: TimeoutError, args) -> TimeoutError:
+    """The solver's own words are about the activations it schedules; say first what the user asked."""
+    if isinstance(error, _OutOfTime):
+        return error
+    limit = f"--time-limit {args.time_limit:g} s" if args.time_limit else "its default time limit"
+    detail = " ".join(str(error).split())
+    return _OutOfTime(f"solver {args.solver} found no schedule within budget {args.budget} in {limit}"
+                      + (f" ({detail})" if detail else ""))
 
 
 def _run_max_batch(args, model_file, budget, progress) -> int:
@@ -191,13 +292,16 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _one_line_warnings(show):
-    """The tool's own warnings (the fallback's FallbackWarning) as one line each, like its errors;
-    any other warning goes where it went before."""
+    """The tool's own warnings (the fallback's FallbackWarning, a plan's PlanWarning) as one line
+    each, like its errors; any other warning goes where it went before."""
 
     def show_warning(message, category, filename, lineno, file=None, line=None):
-        from planner.fallback import FallbackWarning
-
-        if issubclass(category, FallbackWarning):
+        ours = []
+        for module_name, class_name in (("planner.fallback", "FallbackWarning"), ("planner.planfile", "PlanWarning")):
+            module = sys.modules.get(module_name)
+            if module is not None and hasattr(module, class_name):
+                ours.append(getattr(module, class_name))
+        if ours and issubclass(category, tuple(ours)):
             print(f"plan-checkpoints: warning: {' '.join(str(message).split())}", file=sys.stderr)
         else:
             show(message, category, filename, lineno, file, line)
@@ -214,6 +318,7 @@ _USER_ERRORS = [
     ("solvers.errors", "SolverUnavailable", EXIT_USAGE),
     ("planner.modelfile", "ModelFileError", EXIT_USAGE),
     ("planner.planfile", "PlanFileError", EXIT_USAGE),
+    ("planner.files", "WriteError", EXIT_USAGE),
     ("profiler.capture", "CaptureError", EXIT_USAGE),
     ("profiler.inputs", "InputMismatch", EXIT_USAGE),
     ("planner.batch", "BatchUsageError", EXIT_USAGE),
@@ -239,8 +344,21 @@ def _user_error(error: BaseException) -> tuple[int, str] | None:
     return None
 
 
+def _one_line(message: str) -> str:
+    return " ".join(message.split())
+
+
+def _report(message: str, code: int, as_json: bool) -> int:
+    message = _one_line(message)
+    print(f"plan-checkpoints: error: {message}", file=sys.stderr)
+    if as_json:
+        print(json.dumps({"error": message, "exit_status": code}))
+    return code
+
+
 def _main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    as_json = "--json" in argv and (not argv or argv[0] not in ("batch", "show"))
     try:
         if argv and argv[0] == "batch":
             from planner.batch import main as batch_main
@@ -252,15 +370,19 @@ def _main(argv: list[str] | None = None) -> int:
             return show_main(argv[1:])
         return run_plan(argv)
     except KeyboardInterrupt:
-        print("plan-checkpoints: interrupted", file=sys.stderr)
-        return 130
+        return _report("interrupted (Ctrl-C); nothing was written", EXIT_INTERRUPTED, as_json)
+    except BrokenPipeError:  # stdout closed early (``| head``): stop quietly, as other tools do
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except (OSError, ValueError):
+            pass
+        return 128 + 13  # killed by SIGPIPE, as a shell reports it
     except Exception as error:
         known = _user_error(error)
         if known is None:
             raise
         code, message = known
-        print(f"plan-checkpoints: error: {message}", file=sys.stderr)
-        return code
+        return _report(message, code, as_json)
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ its predicted memory over the schedule's steps against the budget and the un-che
 from __future__ import annotations
 
 import argparse
+import re
 from dataclasses import dataclass
 
 from solvers import simulate
@@ -24,10 +25,26 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _parser() -> argparse.ArgumentParser:
+    from .cli import add_verbosity
+
     parser = _Parser(prog="plan-checkpoints show", description="Describe a saved plan; optionally plot its memory.")
     parser.add_argument("plan", help="a plan file written by plan-checkpoints")
-    parser.add_argument("--out", default=None, help="write a PNG of predicted memory over the schedule here")
+    parser.add_argument("--out", default=None,
+                        help="write a PNG of predicted memory over the schedule here (never the plan file itself)")
+    add_verbosity(parser)
     return parser
+
+
+# Terminal control sequences (CSI, OSC, other ESC sequences), other control characters, and the
+# bidirectional overrides that reorder what a terminal shows: a plan file's text fields are data.
+_ESCAPES = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[@-_]?")
+_CONTROLS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def printable(text: str) -> str:
+    """``text`` with terminal escape sequences removed and other control characters shown as '?'
+    (newlines kept)."""
+    return _CONTROLS.sub("?", _ESCAPES.sub("", text))
 
 
 @dataclass(frozen=True)
@@ -48,12 +65,16 @@ def memory_profile(plan: Plan) -> MemoryProfile:
 
 def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
+    if args.out:  # before reading anything: never over the plan file, never a folder or a device
+        from .files import check_output
+
+        check_output(args.out, inputs=[args.plan])
     plan = load(args.plan)
-    print(plan.summary())
+    print(printable(plan.summary()))
     if args.out:
         profile = memory_profile(plan)
-        title = (f"{plan.model or 'model'}: {plan.method} at {plan.budget_text}, peak "
-                 f"{format_bytes(profile.peak_bytes)} of {format_bytes(plan.budget_bytes)}")
+        title = printable(f"{plan.model or 'model'}: {plan.method} at {plan.budget_text}, peak "
+                          f"{format_bytes(profile.peak_bytes)} of {format_bytes(plan.budget_bytes)}")
         memory_plot(title, profile.memory, plan.fixed_bytes, plan.budget_bytes, plan.unplanned_peak_bytes,
                     profile.loss_step, args.out)
         print(f"Memory plot written to {args.out}")

@@ -39,6 +39,7 @@ MODEL_KEYS = {
     "time_limit": "this model's time limit",
     "granularity": "this model's granularity",
 }
+MAX_VALUES = 10_000
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _FUNCTION = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -146,6 +147,9 @@ class _Reader:
     def kwargs(self, node: yaml.Node, what: str) -> dict:
         if not isinstance(node, yaml.MappingNode):
             raise self.error(node, f"{what} must be a mapping of keyword arguments, got {_kind(node)}")
+        if _expanded_size(node) > MAX_VALUES:  # aliases of aliases: a few lines that expand to billions
+            raise self.error(node, f"{what} expands to more than {MAX_VALUES} values (through aliases); keyword "
+                                   "arguments are a few plain values")
         for key_node, _ in node.value:
             key = self.value(key_node) if isinstance(key_node, yaml.ScalarNode) else None
             if not isinstance(key, str) or not key.isidentifier():
@@ -197,6 +201,24 @@ class _Reader:
         return result
 
 
+def _expanded_size(root: yaml.Node) -> int:
+    """How many values ``root`` stands for once its aliases are expanded (acyclic: checked before)."""
+    sizes: dict[int, int] = {}
+    stack = [(root, False)]
+    while stack:
+        node, ready = stack.pop()
+        if id(node) in sizes:
+            continue
+        children = ([c for pair in node.value for c in pair] if isinstance(node, yaml.MappingNode)
+                    else list(node.value) if isinstance(node, yaml.SequenceNode) else [])
+        if ready:
+            sizes[id(node)] = min(1 + sum(sizes[id(c)] for c in children), 2 * MAX_VALUES)
+        else:
+            stack.append((node, True))
+            stack.extend((c, False) for c in children if id(c) not in sizes)
+    return sizes[id(root)]
+
+
 def _kind(node: yaml.Node | None) -> str:
     if isinstance(node, yaml.MappingNode):
         return "a mapping"
@@ -240,9 +262,46 @@ def compose(path: str) -> tuple[_Reader, yaml.Node]:
         raise ConfigError(f"{path}{where}: not valid YAML: {problem}") from None
     except yaml.YAMLError as error:
         raise ConfigError(f"{path}: not valid YAML: {str(error).splitlines()[0]}") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: nested too deeply to read; a sweep file is a few levels of lists and mappings") from None
     if root is None:
         raise ConfigError(f"{path}: the file is empty; a sweep lists models and budgets (see docs/batch.md)")
+    _plain_values_only(reader, root)
     return reader, root
+
+
+_PLAIN_TAGS = {f"tag:yaml.org,2002:{name}" for name in ("str", "int", "float", "bool", "null", "seq", "map", "merge")}
+
+
+def _plain_values_only(reader: _Reader, root: yaml.Node) -> None:
+    """Refuse tags other than YAML's plain ones (``!!python/object``, ``!!binary``, ``!custom``) and
+    an anchor used inside itself, before any value is built: a sweep file holds strings, numbers,
+    booleans, lists and mappings."""
+    on_path: set[int] = set()
+    seen: set[int] = set()
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, leaving = stack.pop()
+        if leaving:
+            on_path.discard(id(node))
+            continue
+        if id(node) in on_path:
+            raise reader.error(node, "an anchor is used inside itself (a recursive value); a sweep file holds plain "
+                                     "values")
+        if id(node) in seen:  # an alias of a node already checked
+            continue
+        seen.add(id(node))
+        if node.tag not in _PLAIN_TAGS:
+            tag = node.tag.replace("tag:yaml.org,2002:", "!!")
+            raise reader.error(node, f"the tag {tag!r} is not accepted; a sweep file holds plain values (strings, "
+                                     "numbers, booleans, lists and mappings), and builds no Python objects")
+        on_path.add(id(node))
+        stack.append((node, True))
+        if isinstance(node, yaml.SequenceNode):
+            stack.extend((child, False) for child in reversed(node.value))
+        elif isinstance(node, yaml.MappingNode):
+            for key, value in reversed(node.value):
+                stack.extend(((value, False), (key, False)))
 
 
 def load_sweep(path: str) -> Sweep:

@@ -7,7 +7,6 @@ cost graph and the few facts a Plan records about the traced step, not the trace
 
 from __future__ import annotations
 
-import functools
 import os
 import time
 from dataclasses import dataclass
@@ -16,7 +15,7 @@ import networkx as nx
 
 from .sweepconfig import ModelSpec, Run
 
-OK_STATUSES = ("optimal", "feasible", "heuristic")  # a plan was made (solvers' own statuses)
+OK_STATUSES = ("optimal", "optimal-in-order", "feasible", "heuristic")  # a plan was made (solvers' own statuses)
 INFEASIBLE = "infeasible"  # the budget is below what the solver reaches
 ERROR = "error"  # the model file, the profiler or the solver failed
 
@@ -85,44 +84,14 @@ def describe(error: BaseException) -> str:
 
 
 # -- a model file with keyword arguments ------------------------------------------------------------
-def _call(module, name: str, kwargs: dict, path: str):
-    from .modelfile import CONTRACT, ModelFileError, _describe, _where
-
-    function = getattr(module, name, None)
-    if not callable(function):
-        problem = "defines no" if function is None else "has a non-function"
-        raise ModelFileError(f"model file {path} {problem} {name}(); {CONTRACT}")
-    try:
-        return function(**kwargs)
-    except Exception as error:  # the user's code: any failure is a failure of this model
-        raise ModelFileError(f"{name}() in {path} raised {_describe(error)}{_where(error, path)}") from None
-
-
 def load_model(spec: ModelSpec, device: str | None):
-    """Build the model and its inputs from the spec's file, functions and keyword arguments."""
-    import torch
+    """Build the model and its inputs from the spec's file, functions and keyword arguments. Only
+    functions the file defines itself are called (planner/modelfile.py); a sweep file is code all
+    the same, since it names the file (docs/batch.md)."""
+    from .modelfile import load_model_file
 
-    from .modelfile import ModelFile, ModelFileError, import_model_file, to_device
-
-    module = import_model_file(spec.file)
-    model = _call(module, spec.model_fn, spec.model_kwargs, spec.file)
-    if not isinstance(model, torch.nn.Module):
-        raise ModelFileError(f"{spec.model_fn}() in {spec.file} returned {type(model).__name__}, not an nn.Module")
-    inputs = _call(module, spec.inputs_fn, spec.inputs_kwargs, spec.file)
-    if not isinstance(inputs, (tuple, list, dict, torch.Tensor)):
-        raise ModelFileError(f"{spec.inputs_fn}() in {spec.file} returned {type(inputs).__name__}; it must return "
-                             "a tuple of positional arguments or a dict of keyword arguments")
-    loss_name = spec.loss_fn or "loss_fn"
-    loss_fn = getattr(module, loss_name, None)
-    if spec.loss_fn is not None and not callable(loss_fn):
-        raise ModelFileError(f"model file {spec.file} defines no function {spec.loss_fn}() (the sweep's loss_fn)")
-    if loss_fn is not None and spec.loss_kwargs:
-        loss_fn = functools.partial(loss_fn, **spec.loss_kwargs)
-    if device is not None:
-        model = model.to(torch.device(device))
-        inputs = to_device(inputs, torch.device(device))
-    model.train()
-    return ModelFile(spec.file, model, inputs, loss_fn if callable(loss_fn) else None)
+    return load_model_file(spec.file, spec.model_fn, spec.inputs_fn, device, model_kwargs=spec.model_kwargs,
+                           inputs_kwargs=spec.inputs_kwargs, loss_fn=spec.loss_fn, loss_kwargs=spec.loss_kwargs)
 
 
 # -- the two tasks ------------------------------------------------------------------------------------
@@ -133,10 +102,13 @@ def profile_model(spec: ModelSpec, device: str | None, cache_dir: str | None) ->
 
     from .profilecache import ProfileCache
 
+    from .modelfile import guarded
+
     model_file = load_model(spec, device)
     cache = ProfileCache(cache_dir) if cache_dir else None
-    profile = profiler.profile(model_file.model, model_file.example_inputs, loss_fn=model_file.loss_fn,
-                               granularity=spec.granularity, times_cache=cache)
+    with guarded(spec.file, "in the model's forward or loss_fn"):  # sys.exit() there fails this model only
+        profile = profiler.profile(model_file.model, model_file.example_inputs, loss_fn=model_file.loss_fn,
+                                   granularity=spec.granularity, times_cache=cache)
     searched = parse_granularity(spec.granularity) == "auto"  # as planner.plan: the profiler's choice
     finer = tuple((p.granularity, p.graph) for p in profile.finer()) if searched else ()
     return Profiled(

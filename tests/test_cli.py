@@ -52,24 +52,31 @@ def model_file(tmp_path, text=TINY_MODEL, name="model.py"):
     return path
 
 
+def error_lines(stderr: str) -> list[str]:
+    """stderr without the progress lines (a line per phase when not on a terminal)."""
+    from planner.progress import is_progress_line
+
+    return [line for line in stderr.strip().splitlines() if not is_progress_line(line)]
+
+
 def assert_clean_error(result, code, *phrases):
     assert result.returncode == code, (result.returncode, result.stdout, result.stderr)
     assert "Traceback" not in result.stderr and "Traceback" not in result.stdout
-    assert result.stderr.startswith("plan-checkpoints: error: ")
-    assert len(result.stderr.strip().splitlines()) == 1
+    lines = error_lines(result.stderr)
+    assert len(lines) == 1 and lines[0].startswith("plan-checkpoints: error: "), result.stderr
     for phrase in phrases:
-        assert phrase in result.stderr
+        assert phrase in lines[0]
 
 
 def test_plans_a_model_file_and_writes_the_plan(tmp_path):
     out = tmp_path / "plans" / "plan.json"
     result = run(model_file(tmp_path), "--budget", "90%", "--out", out, "--time-limit", "5")
     assert result.returncode == 0, result.stderr
-    for phrase in ("Predicted peak", "without checkpointing", "Predicted time", "Kept for backward", "Recomputed"):
+    for phrase in ("Predicted peak", "without checkpointing", "Predicted time", "Solver:"):
         assert phrase in result.stdout
     assert f"Plan written to {out}" in result.stdout
     data = json.loads(out.read_text())
-    assert data["format"] == "plan-checkpoints/1" and data["schedule"]["steps"]
+    assert data["format"].startswith("plan-checkpoints/") and data["schedule"]["steps"]
     assert data["predicted_peak_bytes"] <= data["budget"]["bytes"]
     assert not [p for p in out.parent.iterdir() if p.name.startswith(".tmp")]  # nothing half-written
 
@@ -109,7 +116,8 @@ def test_a_model_file_that_raises_is_reported_with_its_line(tmp_path):
 
 def _clean_here(code, out, err, expected_code, *phrases):
     assert code == expected_code, (out, err)
-    assert err.startswith("plan-checkpoints: error: ") and len(err.strip().splitlines()) == 1
+    lines = error_lines(err)
+    assert len(lines) == 1 and lines[0].startswith("plan-checkpoints: error: "), err
     for phrase in phrases:
         assert phrase in err
 
