@@ -893,15 +893,16 @@ def _no_schedule(graph, costs, budget, backend, deadline: Clock, threads, why: s
     """
     try:
         least = minimum_budget(graph, costs, backend, deadline.left(), threads, exact=exact)
-    except SolverTimeout as error:
-        raise SolverTimeout(f"{why}, and {error}; its least budget is unknown", method="ilp") from None
-    if least.peak <= budget:
+    except SolverTimeout:  # the limit passed while building the model that minimises the peak
+        least = None
+    if least is not None and least.peak <= budget:
         found = least.schedule
         return _finish(found, budget, FEASIBLE, None, f"{why}, but a schedule that minimises the peak fits")
-    if exact and not least.proven:
+    if least is None or (exact and not least.proven):
+        found = "" if least is None else f" (the least peak found is {least.peak} bytes, not proven minimal)"
         raise SolverTimeout(f"ilp: {why}, so {budget} bytes is out of reach of Checkmate's model, but its least "
-                            f"budget was not proven within the time limit of {deadline.limit:g} s (the least "
-                            f"peak found is {least.peak} bytes, not proven minimal)", method="ilp")
+                            f"budget was not proven within the time limit of {deadline.limit:g} s{found}",
+                            method="ilp")
     qualifier = "" if least.proven else " (not proven minimal: a budget the model can meet)"
     raise Infeasible(f"{why}; Checkmate's model (fixed first-computation order) needs at least {least.peak} bytes"
                      f"{qualifier}", min_budget=least.peak, method="ilp")

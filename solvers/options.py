@@ -44,9 +44,8 @@ def check_options(method: str, function: Callable[..., Schedule], options: dict)
     accepted = accepted_options(function)
     unknown = sorted(name for name in options if name not in accepted)
     if unknown:
-        takes = ", ".join(f"{name}=" for name in accepted) if accepted else "no options"
-        raise TypeError(f"{method}: unknown option(s) {', '.join(map(repr, unknown))}; it accepts {takes} "
-                        "(and time_limit=)")
+        takes = ", ".join(f"{name}=" for name in ("time_limit", *accepted))
+        raise TypeError(f"{method}: unknown option(s) {', '.join(map(repr, unknown))}; it accepts {takes}")
 
 
 def schedule_from(graph, budget: int, method: str, time_limit: float | None) -> Schedule | None:

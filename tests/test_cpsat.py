@@ -15,7 +15,7 @@ import pytest
 from graphs import CHECKMATE_LINEAR_OPTIMA as CHECKMATE_LINEAR
 from graphs import (chain, parameter_gradient_graph, random_dag, store_all_peak, training_graph, trap_graph,
                     with_extras)
-from solvers import Infeasible, simulate, solve, total_cost
+from solvers import Infeasible, Schedule, simulate, solve, total_cost
 from solvers.cpsat import (Backward, Counts, capped_lower_bound, essential_computes, interval_counts,
                            scale_costs, solve_cpsat)
 from solvers.exhaustive import min_cost_schedule, min_peak
@@ -329,3 +329,13 @@ def test_building_the_model_counts_against_the_time_limit(monkeypatch):
         assert "building the CP-SAT model" in schedule.info.message
     # the limit, plus one node's intervals (C_v x 50 ms) and the heuristics' overrun
     assert time.perf_counter() - started < 3 + 2.5
+
+
+def test_a_hint_heuristic_that_fails_is_a_loud_bug(monkeypatch):
+    # Only Infeasible, a timeout or a missing library mean "no hint from this method" (issue 19).
+    from solvers import chen
+
+    monkeypatch.setattr(chen, "solve_chen_greedy", lambda graph, budget, time_limit=None: Schedule([("compute", 1)]))
+    graph = training_graph(6, seed=1)
+    with pytest.raises(AssertionError, match="chen-greedy"):
+        solve(graph, store_all_peak(graph) - 1, method="cpsat", time_limit=10)

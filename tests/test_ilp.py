@@ -15,6 +15,7 @@ import pytest
 from graphs import CHECKMATE_LINEAR_OPTIMA as KNOWN_OPTIMA
 from graphs import chain, parameter_gradient_graph, random_dag, training_graph, trap_graph
 from solvers import Infeasible, Schedule, SolverUnavailable, simulate, solve
+from solvers.errors import SolverTimeout
 from solvers import ilp
 from solvers.clock import Clock
 from solvers.exhaustive import min_cost_schedule, min_peak
@@ -437,3 +438,57 @@ def test_node_costs_refuses_an_order_that_is_not_topological():
         node_costs(graph, order[::-1])
     with pytest.raises(ValueError, match="not a topological order"):
         node_costs(graph, order[:-1])
+
+
+# ---- honest verdicts under a time limit, and loud heuristics --------------------------------------
+
+
+def test_an_unproven_minimum_is_a_timeout_not_infeasible():
+    # Issue 17: out of time, ilp reported the least peak it had found as the minimum budget
+    # (exit 3, "minimum 194 MiB", where 122 MiB is met given 120 s). Budget 13 is below what the
+    # model needs (14, proven by the MILP given time); with no time to prove the minimum, the
+    # answer is a timeout; with any time, the minimum reported is the proven one.
+    graph = random_dag(10, 0.3, seed=7)
+    with pytest.raises(SolverTimeout, match="not proven within the time limit"):
+        solve(graph, 13, method="ilp", time_limit=1e-6)
+    for limit in (0.05, 0.3, None):
+        try:
+            solve(graph, 13, method="ilp", time_limit=limit)
+        except Infeasible as error:
+            assert error.min_budget == 14, limit
+        except SolverTimeout:
+            assert limit is not None
+
+
+def test_the_time_limit_holds_while_building_the_model(monkeypatch):
+    # Issue 17: ilp ran 135 s against --time-limit 120; building (and loading) the model was not
+    # charged to the limit. Here every row takes 1 ms to add: ~10 s per model of this graph.
+    import time
+
+    add = ilp._Rows.add
+
+    def slowly(self, *args, **kwargs):
+        time.sleep(0.001)
+        return add(self, *args, **kwargs)
+
+    monkeypatch.setattr(ilp._Rows, "add", slowly)
+    graph = training_graph(30, seed=1)
+    started = time.perf_counter()
+    try:
+        schedule = solve(graph, 30, method="ilp", time_limit=2)
+    except TimeoutError as error:
+        assert "time limit" in str(error)
+    else:  # the cheapest warm start stands, and the report says why
+        assert schedule.info.status == "feasible" and "building Checkmate's model" in schedule.info.message
+    assert time.perf_counter() - started < 2 + 1.5
+
+
+def test_a_warm_start_heuristic_that_fails_is_a_loud_bug(monkeypatch):
+    # Only Infeasible, a timeout or a missing library mean "no warm start from this method";
+    # before issue 19 any exception was swallowed, hiding a heuristic's invalid schedule.
+    from solvers import chen
+
+    monkeypatch.setattr(chen, "solve_chen_greedy", lambda graph, budget, time_limit=None: Schedule([("compute", 1)]))
+    graph = training_graph(6, seed=1)
+    with pytest.raises(AssertionError, match="chen-greedy"):
+        solve(graph, store_all_peak(graph) - 1, method="ilp")

@@ -104,3 +104,15 @@ ORDER_TRAPS = [(trap_graph(), 4), (random_dag(7, 0.5, seed=33), 6), (random_dag(
 def test_no_method_claims_optimal_above_the_optimum_on_the_order_traps(method, case):
     graph, budget = ORDER_TRAPS[case]
     check_claims(graph, budget, method, **({"time_limit": 20} if method in SEARCH_METHODS else {}))
+
+
+@pytest.mark.parametrize("method", ["auto", *sorted(METHODS)])
+def test_every_method_refuses_an_unknown_option_alike(method):
+    # Issue 19: chen-sqrtn, chen-greedy and revolve ignored slotz=3 without a word.
+    graph = training_graph(4, seed=0)
+    with pytest.raises(TypeError, match=rf"^{method}: unknown option\(s\) 'slotz'; it accepts ") as raised:
+        solve(graph, store_all_peak(graph), method=method, slotz=3)
+    accepted = {"revolve": "slots=", "dp": "levels=", "ilp": "backend=", "cpsat": "workers="}
+    assert accepted.get(method, "") in str(raised.value)
+    if method in ("store-all", "chen-sqrtn", "chen-greedy", "exhaustive", "auto"):
+        assert str(raised.value).endswith("it accepts time_limit=")
