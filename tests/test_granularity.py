@@ -60,9 +60,9 @@ def test_never_costlier_than_the_profiled_grouping(setup):
     for solver in ("dp", "chen-greedy", "auto"):
         for budget in ("70%", "90%"):
             given = planner.plan(model, inputs, budget=budget, solver=solver, loss_fn=square_loss, profile=prof,
-                                 granularity="module:1", time_limit=2)
+                                 granularity="module:1", time_limit=2, executor="traced")
             searched = planner.plan(model, inputs, budget=budget, solver=solver, loss_fn=square_loss, profile=prof,
-                                    time_limit=2)
+                                    time_limit=2, executor="traced")
             assert given.granularity == "module:1"
             assert searched.predicted_seconds <= given.predicted_seconds * (1 + 1e-9), (solver, budget)
             assert searched.predicted_peak_bytes <= searched.budget_bytes
@@ -86,7 +86,8 @@ def test_store_all_on_a_finer_grouping_when_it_fits_there_only(setup, solver):
 
     budget = min(store_all_peak(finer) for finer in prof.finer())
     assert budget < store_all_peak(prof)
-    plan = planner.plan(model, inputs, budget=budget, solver=solver, loss_fn=square_loss, profile=prof)
+    plan = planner.plan(model, inputs, budget=budget, solver=solver, loss_fn=square_loss, profile=prof,
+                        executor="traced")
     assert plan.granularity != "module:1" and plan.schedule.info.method == "store-all"
     assert plan.predicted_seconds == pytest.approx(plan.unplanned_seconds)
     measured = profiler.measure_step(planner.apply(model, plan), inputs, loss_fn=square_loss, repeats=1)
