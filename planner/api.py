@@ -19,7 +19,7 @@ from .granularity import noted, solve_over_groupings
 from .native import NativePlan, plan_native
 from .planfile import Plan, load
 
-__all__ = ["BudgetInfeasible", "EXECUTORS", "FallbackWarning", "NativePlan", "SolverError", "Plan", "apply", "checkpoint",
+__all__ = ["BudgetInfeasible", "EXECUTORS", "profile_for", "FallbackWarning", "NativePlan", "SolverError", "Plan", "apply", "checkpoint",
            "load", "plan", "plan_untraceable"]
 
 # native: torch.utils.checkpoint on the model's own modules (the default); traced: the profiled
@@ -134,6 +134,15 @@ def plan(
         autocast=getattr(joint, "autocast", ""),
         profile=profile,
     )
+
+
+def profile_for(model: torch.nn.Module, example_inputs, loss_fn: Callable | None = None, granularity="module",
+                solver: str = "auto", executor: str | None = None) -> profiler.Profile:
+    """The profile :func:`plan` makes for these arguments, to pass back as ``plan(..., profile=)``: the
+    native executor plans what eager autograd runs (the cross-entropy backward unfused), the traced
+    one what its trace runs (fused, profiler/fusions.py)."""
+    native = _executor(executor, solver) == "native"
+    return profiler.profile(model, example_inputs, loss_fn=loss_fn, granularity=granularity, fuse_loss=not native)
 
 
 def _executor(executor: str | None, solver: str) -> str:

@@ -39,7 +39,7 @@ USAGE = """plan-checkpoints MODEL.py --budget BUDGET [options]   plan one model 
 def _methods() -> list[str]:
     from solvers import METHODS
 
-    return ["auto", *METHODS]
+    return ["auto", "regions", *METHODS]  # regions: the native executor's search (planner/native.py)
 
 
 def version() -> str:
@@ -118,6 +118,10 @@ def _plan_parser() -> argparse.ArgumentParser:
                         help=f"peak memory of the whole step on one device (with several processes, each "
                              f"rank's own): {ACCEPTED_FORMS}".replace("%", "%%"))  # argparse formats help with %
     parser.add_argument("--solver", default="auto", choices=_methods(), help="solver (default: auto)")
+    parser.add_argument("--executor", default=None, choices=["native", "traced"],
+                        help="what runs the plan: native (torch.utils.checkpoint on the model's modules; the default "
+                             "with --solver auto or regions) or traced (the profiled graph's schedule replayed; the "
+                             "default with any other solver)")
     parser.add_argument("--device", default=None, choices=["cpu", "cuda"], help="device to profile on (default: where build_model puts it)")
     parser.add_argument("--out", default="plan.json", help="where to write the plan (default: plan.json); never one of the inputs")
     parser.add_argument("--json", action="store_true", help="print a JSON summary instead of text (errors too)")
@@ -234,8 +238,8 @@ def _make_plan(args, model_file, budget, progress):
     untraceable = None
     with progress.task(f"Profiling {type(model_file.model).__name__}"):
         try:
-            profile = profiler.profile(model_file.model, model_file.example_inputs, loss_fn=model_file.loss_fn,
-                                       granularity=args.granularity)
+            profile = api.profile_for(model_file.model, model_file.example_inputs, loss_fn=model_file.loss_fn,
+                                      granularity=args.granularity, solver=args.solver, executor=args.executor)
         except profiler.TraceError as error:  # planner/fallback.py: checkpoint whole blocks instead
             untraceable = error
     if untraceable is not None:
@@ -246,7 +250,7 @@ def _make_plan(args, model_file, budget, progress):
     limit = f" (time limit {args.time_limit:g} s)" if args.time_limit else ""
     with progress.task(f"Solving with {args.solver}{limit}"):
         return api.plan(model_file.model, model_file.example_inputs, budget, solver=args.solver,
-                        time_limit=args.time_limit, profile=profile)
+                        time_limit=args.time_limit, profile=profile, executor=args.executor)
 
 
 class _OutOfTime(TimeoutError):
