@@ -95,6 +95,11 @@ WARM_START_SHARE = 0.15
 # Graphs above this many nodes are refused: a 200-node graph's model has ~10^5 variables and
 # ~2 x 10^5 rows and takes ~10 s and 330 MB to build in PuLP; both grow as n^2.
 MAX_NODES = 600
+# HiGHS stops some time after its time_limit (an LP of 106,652 columns and 180,145 rows, the
+# 201-node training graph with 10 skips: 2.0 s run against a 0.9 s limit), and PuLP then reads
+# the solution back (0.6 s there): ~1.7 s for 286,797 entries, so this many seconds per column
+# and row are taken off the limit HiGHS is given (at most half of what is left).
+HIGHS_SECONDS_AFTER_LIMIT_PER_ENTRY = 6e-6
 # Attempts at re-solving with a tighter budget when rounding in the solver overshoots in bytes.
 TIGHTEN_ATTEMPTS = 3
 # Fractions of the budget offered to the LP in lp-rounding mode, loosest first: a rounding of a
@@ -622,8 +627,11 @@ def _highs_solver(ends_at: float | None, threads, warm: dict | None, relax: bool
                 # unless the pool is rebuilt first. Rebuilding it for every run that names a
                 # size costs milliseconds and keeps no record of the pool in this module.
                 highspy.Highs.resetGlobalScheduler(True)
-            if ends_at is not None:  # what loading left of the limit, not the limit itself
-                lp.solverModel.setOptionValue("time_limit", max(0.01, ends_at - time.perf_counter()))
+            if ends_at is not None:  # what loading left of the limit, less what ends the run
+                left = ends_at - time.perf_counter()
+                size = len(lp.variables()) + len(lp._constraints)
+                reserve = min(0.5 * left, HIGHS_SECONDS_AFTER_LIMIT_PER_ENTRY * size)
+                lp.solverModel.setOptionValue("time_limit", max(0.01, left - reserve))
             lp.solverModel.run()
 
     options = {}
@@ -1104,6 +1112,8 @@ def lp_rounding(model: CheckmateModel, graph, budget: int, backend: str, deadlin
                     result.lower_bound = outcome.objective * model.scales.cost_unit
             if outcome.has_solution:
                 for source, held in _roundings(model, outcome.values, samples, rng):
+                    if result.best is not None and deadline.expired():
+                        break  # each rounding is simulated: ~20 ms at 200 nodes, ~1 s for all 54
                     order = least_recomputation(costs, held)
                     if order is None or tuple(order) in seen:
                         continue

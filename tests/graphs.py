@@ -49,6 +49,23 @@ def random_dag(n: int, edge_probability: float = 0.3, seed: int = 0, outputs: st
     return graph
 
 
+def layered_dag(layers: int, width: int, seed: int = 0, max_inputs: int = 3) -> nx.DiGraph:
+    """``layers`` layers of ``width`` nodes, each node after the first layer reading 1 to
+    ``max_inputs`` random nodes of the layer before; sinks are outputs. Wide graphs whose order of
+    computation is free within a layer: the hard case for model sizes (issue 20: cpsat's model of a
+    250-node one took minutes to build)."""
+    rng = random.Random(seed)
+    graph = nx.DiGraph()
+    graph.add_nodes_from(range(layers * width))
+    for layer in range(1, layers):
+        previous = range((layer - 1) * width, layer * width)
+        for node in range(layer * width, (layer + 1) * width):
+            for source in rng.sample(previous, rng.randint(1, min(max_inputs, width))):
+                graph.add_edge(source, node)
+    _attributes(graph, rng)
+    return mark_sinks_as_outputs(graph)
+
+
 def chain(n: int, seed: int | None = 0, unit: bool = False) -> nx.DiGraph:
     """A path 0 -> 1 -> ... -> n-1 whose last node is the output."""
     rng = random.Random(seed)
