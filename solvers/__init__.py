@@ -10,7 +10,7 @@ True
 """
 
 from .api import METHODS, solve
-from .errors import Infeasible, InvalidGraph, SolverUnavailable
+from .errors import Infeasible, InvalidGraph, SolverTimeout, SolverUnavailable
 from .graph import topological_order, total_cost, validate
 from .liveness import schedule_from_computes
 from .schedule import Schedule, SolverInfo
@@ -23,6 +23,7 @@ __all__ = [
     "Schedule",
     "Simulation",
     "SolverInfo",
+    "SolverTimeout",
     "SolverUnavailable",
     "schedule_from_computes",
     "simulate",
