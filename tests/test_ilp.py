@@ -389,7 +389,7 @@ def test_overshoot_is_retried_with_a_tighter_budget(monkeypatch):
                 return None
         return real(graph, schedule, budget, source)
 
-    monkeypatch.setattr(ilp, "_candidate", first_milp_overshoots)
+    monkeypatch.setattr(ilp.exact, "_candidate", first_milp_overshoots)  # where the MILP's solution is checked
     schedule = ilp.solve_ilp(graph, 5, warm_start=False)
     assert len(milp_calls) == 2
     assert "tightened" in schedule.info.message and schedule.info.status == "feasible"
