@@ -254,15 +254,16 @@ INTERRUPTED_SOLVE = """
 import sys, time
 sys.path[:0] = [{root!r}, {tests!r}]
 from graphs import store_all_peak, training_graph
-from solvers import cpsat, solve
+from solvers import solve
+from solvers.cpsat import solving
 
-original = cpsat.solve_interruptibly
+original = solving.solve_interruptibly
 
 def announced(*args):
     print("searching", flush=True)  # the parent sends SIGINT once CP-SAT is searching
     return original(*args)
 
-cpsat.solve_interruptibly = announced
+solving.solve_interruptibly = announced  # where run_solver looks it up
 graph = training_graph(50, skips=10)
 started = time.perf_counter()
 try:
