@@ -1,4 +1,4 @@
-"""The ``ilp`` method: Checkmate's MILP (solvers/ilp.py).
+"""The ``ilp`` method: Checkmate's MILP (solvers/ilp/).
 
 Ground truth: Checkmate's published optima for the linear training graph (docs/algorithms.md), the
 exhaustive search (solvers/exhaustive.py) on small graphs, and the simulator for every schedule.

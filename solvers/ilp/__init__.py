@@ -13,7 +13,7 @@ nodes in ascending index order and ends with the first computation of node ``t``
   edge ``i -> k`` and, so that a result nobody reads in the stage can go too, for ``k = i``;
 - ``U[t,k]`` (continuous): memory held just after computing ``k`` in stage ``t``.
 
-The constraint families (each block of :func:`build_model` says which): R[t,t] = 1 and the
+The constraint families (one function each in :mod:`solvers.ilp.model`): R[t,t] = 1 and the
 lower-triangular structure (fixed values, not variables); dependencies ``R[t,k] <= R[t,i] +
 S[t,i]``; conservation (a result present in a stage is kept into the next or freed once); frees
 only after the last reader in the stage; the memory recursion and the budget. The paper's
