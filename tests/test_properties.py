@@ -116,3 +116,26 @@ def test_every_method_refuses_an_unknown_option_alike(method):
     assert accepted.get(method, "") in str(raised.value)
     if method in ("store-all", "chen-sqrtn", "chen-greedy", "exhaustive", "auto"):
         assert str(raised.value).endswith("it accepts time_limit=")
+
+
+@pytest.mark.parametrize("method,graph", [
+    ("exhaustive", random_dag(20, 0.25, seed=3)),
+    ("cpsat", training_graph(50, seed=0, skips=10)),
+    ("ilp", training_graph(60, seed=0, skips=6)),
+], ids=["exhaustive", "cpsat", "ilp"])
+def test_searching_methods_stop_at_the_default_time_limit(monkeypatch, method, graph):
+    # Issue 17: with no time limit cpsat ran for more than 600 s below a 33-node graph's minimum.
+    # Every searching method takes solvers.options.DEFAULT_TIME_LIMIT instead (here made 1 s).
+    import time
+
+    from solvers import options
+
+    monkeypatch.setattr(options, "DEFAULT_TIME_LIMIT", 1.0)
+    started = time.perf_counter()
+    try:
+        schedule = solve(graph, store_all_peak(graph) * 2 // 5, method=method)
+    except (TimeoutError, Infeasible):
+        pass
+    else:
+        assert schedule.info.status != "optimal" or method == "exhaustive"
+    assert time.perf_counter() - started < 1.0 + 3.0  # the limit, plus the bounds' and checks' granularity
