@@ -132,6 +132,9 @@ def build_cost_graph(joint: JointGraph, grouping: Grouping, times: OpTimes) -> n
             ops=len(group.units),
             random=group.random,
             value_class=group.value_class,
+            # The aten op of a one-op group ("aten.addmm.default"): what a selective-checkpoint
+            # policy decides on (solvers/regions.py); "" for a group of several ops.
+            op=str(graph_nodes[group.units[0]].target) if len(group.units) == 1 else "",
         )
         for extraction in extractions_of.get(group.id, ()):
             cost.add_node(

@@ -2,7 +2,9 @@
 
 A native plan names *regions* of the model (solvers/regions.py): submodules (``"transformer.h.3"``)
 and runs of an ``nn.Sequential``'s children (``"layers[2:5]"``, as ``checkpoint_sequential`` cuts
-them). :func:`apply_native` makes each region's call run under non-reentrant
+them), optionally with a save policy (``"transformer.h.3@matmuls"``: a selective checkpoint,
+``torch.utils.checkpoint.create_selective_checkpoint_contexts``, that saves the matmuls' and
+convolutions' outputs and recomputes the rest). :func:`apply_native` makes each region's call run under non-reentrant
 ``torch.utils.checkpoint.checkpoint(use_reentrant=False, preserve_rng_state=True)``, and changes
 nothing else: the model is the same object, with the same class, parameters, buffers, hooks,
 ``state_dict`` keys and ``config``. Its Python forward runs at every call, so hooks added later, flags
@@ -43,8 +45,45 @@ class ShapeTooLarge(PlanMismatch):
     """A call's inputs are larger than those the native plan was made for."""
 
 
-def _checkpoint(function, *args, **kwargs):
-    return torch_checkpoint.checkpoint(function, *args, use_reentrant=False, preserve_rng_state=True, **kwargs)
+# solvers/regions.py's SAVE_POLICIES, by the same names: the aten ops whose outputs a selective
+# checkpoint saves instead of recomputing.
+def _policy_ops(name: str) -> frozenset:
+    aten = torch.ops.aten
+    if name == "matmuls":
+        ops = [aten.mm, aten.addmm, aten.bmm, aten.baddbmm, aten.convolution]
+        ops += [getattr(aten, n) for n in dir(aten) if n.startswith("_scaled_dot_product_")]
+        return frozenset(ops)
+    raise PlanMismatch(f"unknown save policy {name!r} in the plan (known: matmuls): made by a newer plan-checkpoints?")
+
+
+class SavePolicy:
+    """A selective-checkpoint policy: the outputs of ``ops`` (aten overload packets) are saved,
+    everything else recomputed. Picklable (a name), so that the model stays deep-copyable."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self.ops = _policy_ops(name)
+
+    def __getstate__(self):
+        return {"name": self.name}
+
+    def __setstate__(self, state):
+        self.__init__(state["name"])
+
+    def __call__(self, ctx, op, *args, **kwargs):
+        packet = getattr(op, "overloadpacket", op)
+        if packet in self.ops:
+            return torch_checkpoint.CheckpointPolicy.MUST_SAVE
+        return torch_checkpoint.CheckpointPolicy.PREFER_RECOMPUTE
+
+    def contexts(self):
+        return torch_checkpoint.create_selective_checkpoint_contexts(self)
+
+
+def _checkpoint(function, *args, policy: SavePolicy | None = None, **kwargs):
+    options = {} if policy is None else {"context_fn": policy.contexts}
+    return torch_checkpoint.checkpoint(function, *args, use_reentrant=False, preserve_rng_state=True, **options,
+                                       **kwargs)
 
 
 class CheckpointedForward:
@@ -55,15 +94,16 @@ class CheckpointedForward:
     and ``torch.save`` of the model copy it with the model.
     """
 
-    def __init__(self, module: torch.nn.Module):
+    def __init__(self, module: torch.nn.Module, policy: SavePolicy | None = None):
         self.module = module
+        self.policy = policy
 
     def __call__(self, *args, **kwargs):
         module = self.module
         original = type(module).forward.__get__(module)
         if not torch.is_grad_enabled():
             return original(*args, **kwargs)
-        return _checkpoint(original, *args, **kwargs)
+        return _checkpoint(original, *args, policy=self.policy, **kwargs)
 
 
 class SegmentedForward:
@@ -71,18 +111,18 @@ class SegmentedForward:
     index pairs, each run as one checkpoint (``torch.utils.checkpoint.checkpoint_sequential``'s
     semantics, with runs of any lengths)."""
 
-    def __init__(self, module: torch.nn.Sequential, segments: list[tuple[int, int]]):
+    def __init__(self, module: torch.nn.Sequential, segments: list[tuple[int, int, SavePolicy | None]]):
         self.module = module
-        self.segments = sorted(segments)
+        self.segments = sorted(segments, key=lambda segment: segment[0])
 
     def __call__(self, input):
         children = list(self.module)
-        starts = dict(self.segments)
+        starts = {start: (stop, policy) for start, stop, policy in self.segments}
         index = 0
         while index < len(children):
-            stop = starts.get(index)
+            stop, policy = starts.get(index, (None, None))
             if stop is not None and torch.is_grad_enabled():
-                input = _checkpoint(_RunChildren(children[index:stop]), input)
+                input = _checkpoint(_RunChildren(children[index:stop]), input, policy=policy)
                 index = stop
             else:
                 input = children[index](input)
@@ -100,12 +140,14 @@ class _RunChildren:
         return input
 
 
-def parse_region(region: str) -> tuple[str, tuple[int, int] | None]:
-    """``(module path, None)`` for a module region, ``(Sequential path, (start, stop))`` for a segment."""
+def parse_region(region: str) -> tuple[str, tuple[int, int] | None, str | None]:
+    """``(module path, None, policy)`` for a module region, ``(Sequential path, (start, stop),
+    policy)`` for a segment; ``policy`` is the name after ``@`` (``"h.3@matmuls"``) or None."""
+    region, _, policy = region.partition("@")
     match = _SEGMENT.match(region)
     if match is None:
-        return region, None
-    return match["path"], (int(match["start"]), int(match["stop"]))
+        return region, None, policy or None
+    return match["path"], (int(match["start"]), int(match["stop"])), policy or None
 
 
 def _submodule(model: torch.nn.Module, path: str) -> torch.nn.Module:
@@ -124,9 +166,9 @@ def apply_native(model: torch.nn.Module, regions, planned_shapes: dict | None = 
     earlier :func:`apply_native` did.
     """
     remove_native(model)
-    resolved: list[tuple[torch.nn.Module, tuple[int, int] | None]] = []
+    resolved: list[tuple[torch.nn.Module, tuple[int, int] | None, SavePolicy | None]] = []
     for region in regions:
-        path, span = parse_region(region)
+        path, span, policy_name = parse_region(region)
         module = _submodule(model, path)
         if span is not None and not isinstance(module, torch.nn.Sequential):
             raise PlanMismatch(f"the plan checkpoints children {span[0]}..{span[1] - 1} of {path or 'the model'!r} "
@@ -134,13 +176,13 @@ def apply_native(model: torch.nn.Module, regions, planned_shapes: dict | None = 
         if span is not None and span[1] > len(module):
             raise PlanMismatch(f"the plan checkpoints children {span[0]}..{span[1] - 1} of {path or 'the model'!r}, "
                                f"which has {len(module)}: this plan was made for a different model")
-        resolved.append((module, span))
+        resolved.append((module, span, None if policy_name is None else SavePolicy(policy_name)))
     segments: dict[int, tuple[torch.nn.Module, list]] = {}
-    for module, span in resolved:
+    for module, span, policy in resolved:
         if span is None:
-            module.__dict__["forward"] = CheckpointedForward(module)
+            module.__dict__["forward"] = CheckpointedForward(module, policy)
         else:
-            segments.setdefault(id(module), (module, []))[1].append(span)
+            segments.setdefault(id(module), (module, []))[1].append((*span, policy))
     for module, spans in segments.values():
         module.__dict__["forward"] = SegmentedForward(module, spans)
     if planned_shapes:
@@ -183,10 +225,14 @@ def native_regions(model: torch.nn.Module) -> list[str]:
     for path, module in model.named_modules():
         forward = module.__dict__.get("forward")
         if isinstance(forward, CheckpointedForward):
-            found.append(path)
+            found.append(path + _suffix(forward.policy))
         elif isinstance(forward, SegmentedForward):
-            found.extend(f"{path}[{a}:{b}]" for a, b in forward.segments)
+            found.extend(f"{path}[{a}:{b}]{_suffix(policy)}" for a, b, policy in forward.segments)
     return found
+
+
+def _suffix(policy: SavePolicy | None) -> str:
+    return "" if policy is None else f"@{policy.name}"
 
 
 @dataclass(frozen=True)

@@ -58,6 +58,29 @@ def twin(node: Hashable) -> str:
 _SEGMENT = re.compile(r"^(?P<path>.*)\[(?P<start>\d+):(?P<stop>\d+)\]$")
 
 
+# Selective-checkpoint policies: within a region, the outputs of these ops are saved in the forward
+# and not recomputed (torch.utils.checkpoint.create_selective_checkpoint_contexts, MUST_SAVE); every
+# other op is recomputed. Named by aten op-name prefixes, so that this module needs no torch.
+SAVE_POLICIES: dict[str, tuple[str, ...]] = {
+    # The costly ops, whose outputs are cheap to hold next to the pointwise ops around them.
+    "matmuls": ("aten.mm.", "aten.addmm.", "aten.bmm.", "aten.baddbmm.", "aten.convolution.",
+                "aten._scaled_dot_product_"),
+}
+
+
+def split_policy(region: str) -> tuple[str, str | None]:
+    """``"transformer.h.3@matmuls"`` -> ``("transformer.h.3", "matmuls")``; no ``@``: no policy."""
+    base, _, policy = region.partition("@")
+    if policy and policy not in SAVE_POLICIES:
+        raise ValueError(f"unknown save policy {policy!r} in region {region!r}; known: {', '.join(SAVE_POLICIES)}")
+    return base, policy or None
+
+
+def saved_by_policy(op: str, policy: str | None) -> bool:
+    """Whether ``policy`` saves the output of aten op ``op`` (its name, e.g. ``"aten.mm.default"``)."""
+    return policy is not None and bool(op) and op.startswith(SAVE_POLICIES[policy])
+
+
 def segment(path: str, start: int, stop: int) -> str:
     """The region of children ``start`` to ``stop - 1`` of the ``nn.Sequential`` at ``path``, run as
     one checkpoint (as ``torch.utils.checkpoint.checkpoint_sequential`` does): ``"layers[2:5]"``."""
@@ -75,6 +98,7 @@ def parse_segment(region: str) -> tuple[str, int, int] | None:
 def within(module: str, region: str) -> bool:
     """``module`` (a dotted module path) runs inside ``region``: a module region is the module and its
     submodules; a segment region the children of its ``nn.Sequential`` in its range, and theirs."""
+    region, _ = split_policy(region)
     parsed = parse_segment(region)
     if parsed is None:
         return module == region or module.startswith(region + ".")
@@ -88,13 +112,21 @@ def within(module: str, region: str) -> bool:
 
 @dataclass(frozen=True)
 class RegionCosts:
-    """What checkpointing one region recomputes: ``seconds`` of forward ops run again and the ops'
-    count; ``nodes`` the forward nodes of the region in trace order."""
+    """One region's parts, in trace order: its forward ``nodes``; those its policy ``saved``; those
+    its recomputation runs again (``recomputed``: up to the last one a backward op of the region
+    reads, PyTorch's early stop, less the saved); its ``backward`` ops; its ``inputs`` (results from
+    outside that it reads, held by the checkpoint); ``seconds`` of recomputation."""
 
     region: str
     nodes: tuple[Hashable, ...]
+    saved: tuple[Hashable, ...]
     recomputed: tuple[Hashable, ...]
+    backward: tuple[Hashable, ...]
+    inputs: tuple[Hashable, ...]
     seconds: float
+    # The backward op at which the recomputation runs: the first that unpacks anything the region
+    # packed (its forward results, recomputed or, under a policy, cached).
+    trigger: Hashable | None = None
 
 
 @dataclass(frozen=True)
@@ -122,13 +154,20 @@ def _backward_within(graph: nx.DiGraph, node: Hashable, region: str) -> bool:
 
 
 def region_costs(graph: nx.DiGraph, region: str) -> RegionCosts:
-    """The forward nodes of ``region`` and the prefix of them its recomputation runs: up to the last
-    one that a backward op of the region reads (PyTorch's early stop)."""
-    nodes = _forward_nodes_of(graph, region)
-    needed = [i for i, v in enumerate(nodes) if any(_backward_within(graph, s, region) for s in graph.successors(v))]
-    recomputed = tuple(nodes[: needed[-1] + 1]) if needed else ()
+    """The parts of ``region`` (see :class:`RegionCosts`)."""
+    base, policy = split_policy(region)
+    nodes = _forward_nodes_of(graph, base)
+    members = set(nodes)
+    saved = [v for v in nodes if saved_by_policy(str(graph.nodes[v].get("op", "")), policy)]
+    saved_set = set(saved)
+    backward = [v for v in graph.nodes if _backward_within(graph, v, base)]
+    read = {p for b in backward for p in graph.predecessors(b)}
+    needed = [i for i, v in enumerate(nodes) if v in read and v not in saved_set]
+    recomputed = tuple(v for v in nodes[: needed[-1] + 1] if v not in saved_set) if needed else ()
+    inputs = tuple(dict.fromkeys(p for v in nodes for p in graph.predecessors(v) if p not in members))
+    trigger = next((b for b in backward if any(p in members for p in graph.predecessors(b))), None)
     seconds = sum(float(graph.nodes[v]["cost"]) for v in recomputed)
-    return RegionCosts(region, tuple(nodes), recomputed, seconds)
+    return RegionCosts(region, tuple(nodes), tuple(saved), recomputed, tuple(backward), inputs, seconds, trigger)
 
 
 def checkpointable(graph: nx.DiGraph, region: str) -> str | None:
@@ -137,9 +176,13 @@ def checkpointable(graph: nx.DiGraph, region: str) -> str | None:
     A region must be called once (its forward ops one contiguous run in trace order: a module called
     twice would be checkpointed at both calls, which the graph does not say how to split), and must
     not produce a buffer's new value (recomputation would apply it twice)."""
-    if not region:
+    try:
+        base, _ = split_policy(region)
+    except ValueError as error:
+        return str(error)
+    if not base:
         return "the model itself is not a region: checkpointing it would recompute the whole forward"
-    nodes = _forward_nodes_of(graph, region)
+    nodes = _forward_nodes_of(graph, base)
     if not nodes:
         return f"module {region!r} runs no forward op in the trace"
     forward = [v for v in _trace_order(graph) if graph.nodes[v].get("kind") == "forward"]
@@ -169,10 +212,11 @@ def region_graph(graph: nx.DiGraph, regions: Iterable[str]) -> nx.DiGraph:
     """``graph`` with the recomputations of ``regions`` as twin nodes (see the module docstring).
 
     A twin ``"recompute:v"`` costs and holds what ``v`` does and reads the twins of its
-    predecessors inside the recomputed prefix, the originals otherwise (the region's held inputs).
-    Backward ops of the region read twins instead of the originals. Each region input gets an edge to
-    the region's last backward op with ``hold=True``: the checkpoint holds its inputs until then
-    (a liveness edge, not data)."""
+    predecessors inside the recomputed prefix, the originals otherwise (the region's held inputs,
+    the results its policy saved). Backward ops of the region read twins instead of the originals.
+    Liveness edges (``hold=True``, not data) to the region's last backward op keep what the
+    checkpoint holds until then: the region's inputs, and saved results no one reads again (the
+    policy's cache keeps them while the recomputation stops before it reaches them)."""
     regions = list(regions)
     _check_disjoint(graph, regions)
     result = graph.copy()
@@ -180,9 +224,10 @@ def region_graph(graph: nx.DiGraph, regions: Iterable[str]) -> nx.DiGraph:
         reason = checkpointable(graph, region)
         if reason is not None:
             raise ValueError(reason)
-        costs = region_costs(graph, region)
-        recomputed = set(costs.recomputed)
-        for v in costs.recomputed:
+        parts = region_costs(graph, region)
+        recomputed = set(parts.recomputed)
+        backward = set(parts.backward)
+        for v in parts.recomputed:
             data = dict(graph.nodes[v])
             data.update(kind=RECOMPUTE, recomputes=v)
             data.pop("pinned", None)
@@ -191,31 +236,30 @@ def region_graph(graph: nx.DiGraph, regions: Iterable[str]) -> nx.DiGraph:
             for p in graph.predecessors(v):
                 result.add_edge(twin(p) if p in recomputed else p, twin(v))
             for s in list(graph.successors(v)):
-                if _backward_within(graph, s, region):
+                if s in backward:
                     result.remove_edge(v, s)
                     result.add_edge(twin(v), s)
-        backward = [v for v in graph.nodes if _backward_within(graph, v, region)]
-        region_nodes = set(costs.nodes)
-        inputs = {p for v in costs.nodes for p in graph.predecessors(v) if p not in region_nodes}
-        if backward:
-            for p in inputs:
-                if not result.has_edge(p, backward[-1]):
-                    result.add_edge(p, backward[-1], hold=True)
+        if not parts.backward:
+            continue
+        last = parts.backward[-1]
+        read_again = {p for v in parts.recomputed for p in graph.predecessors(v)} | \
+            {p for b in parts.backward for p in graph.predecessors(b)}
+        unread_saved = [v for v in parts.saved if v not in read_again]
+        for p in [*parts.inputs, *unread_saved]:
+            if not result.has_edge(p, last):
+                result.add_edge(p, last, hold=True)
     return result
 
 
 def region_computes(graph: nx.DiGraph, regions: Iterable[str]) -> list[Hashable]:
     """The order native checkpointing computes ``region_graph(graph, regions)``'s nodes in: trace
-    order, each region's twins right before the first backward op that reads one of them."""
-    regions = list(regions)
+    order, each region's twins right before its trigger (the first backward op that unpacks
+    something the region packed)."""
     triggers: dict[Hashable, list[Hashable]] = {}
     for region in regions:
-        costs = region_costs(graph, region)
-        recomputed = set(costs.recomputed)
-        readers = [v for v in graph.nodes if _backward_within(graph, v, region)
-                   and any(p in recomputed for p in graph.predecessors(v))]
-        if readers:
-            triggers.setdefault(readers[0], []).extend(twin(v) for v in costs.recomputed)
+        parts = region_costs(graph, region)
+        if parts.trigger is not None and parts.recomputed:
+            triggers.setdefault(parts.trigger, []).extend(twin(v) for v in parts.recomputed)
     computes: list[Hashable] = []
     for v in _trace_order(graph):
         computes.extend(triggers.get(v, ()))
@@ -296,16 +340,17 @@ class RegionModel:
         self._parts: dict[str, tuple] = {}
 
     def parts(self, region: str) -> tuple:
-        """(recomputed indices, their set, backward indices, first reader of a twin, inputs)."""
+        """(recomputed indices, backward indices, trigger index or None, held-until-last indices)."""
         if region not in self._parts:
             costs = region_costs(self.graph, region)
-            recomputed = [self.index[v] for v in costs.recomputed]
-            recomputed_set = set(recomputed)
-            backward = [self.index[v] for v in self.order if _backward_within(self.graph, v, region)]
-            readers = [b for b in backward if any(p in recomputed_set for p in self.preds[b])]
-            members = {self.index[v] for v in costs.nodes}
-            inputs = sorted({p for i in members for p in self.preds[i] if p not in members})
-            self._parts[region] = (recomputed, recomputed_set, backward, readers[0] if readers else None, inputs)
+            index = self.index
+            read_again = {p for v in costs.recomputed for p in self.graph.predecessors(v)} | \
+                {p for b in costs.backward for p in self.graph.predecessors(b)}
+            held = [index[p] for p in costs.inputs] + [index[v] for v in costs.saved if v not in read_again]
+            self._parts[region] = (
+                [index[v] for v in costs.recomputed], [index[b] for b in costs.backward],
+                None if costs.trigger is None else index[costs.trigger], held,
+            )
         return self._parts[region]
 
     def peak_and_cost(self, regions: Iterable[str]) -> tuple[int, float]:
@@ -317,10 +362,12 @@ class RegionModel:
         trigger: dict[int, list[int]] = {}
         hold: dict[int, list[int]] = {}
         parts = [self.parts(r) for r in regions]
-        for number, (recomputed, _, backward, first, inputs) in enumerate(parts):
+        for number, (recomputed, backward, first, held) in enumerate(parts):
             for b in backward:
                 backward_region[b] = number
-            if first is None:
+            if backward:
+                hold.setdefault(backward[-1], []).extend(held)
+            if first is None or not recomputed:
                 continue
             instances = []
             for i in recomputed:
@@ -328,8 +375,6 @@ class RegionModel:
                 instances.append(n + len(twin_base))
                 twin_base.append(i)
             trigger.setdefault(first, []).extend(instances)
-            if backward:
-                hold.setdefault(backward[-1], []).extend(inputs)
 
         def reads(instance: int) -> list[int]:
             if instance >= n:
@@ -372,7 +417,8 @@ class RegionModel:
 
 
 def plan_regions(graph: nx.DiGraph, budget_bytes: int, candidates: Sequence[str] | None = None,
-                 sequentials: dict[str, int] | None = None, time_limit: float | None = None) -> RegionPlan:
+                 sequentials: dict[str, int] | None = None, time_limit: float | None = None,
+                 policies: Sequence[str] = tuple(SAVE_POLICIES)) -> RegionPlan:
     """The checkpoint regions with the least recomputation that the search finds within
     ``budget_bytes`` (the schedule's peak, ``fixed_bytes`` excluded, as for :func:`solvers.solve`).
 
@@ -384,7 +430,9 @@ def plan_regions(graph: nx.DiGraph, budget_bytes: int, candidates: Sequence[str]
     first (the backward reaches it first, when least is held behind it), drop a region when the rest
     still fits, or else replace it by the modules directly inside it and drop as many of those as
     fit. Latest first because a region kept whole holds its activations through the recomputation
-    of every earlier region. The cheapest plan over all starts wins. Raises :class:`Infeasible` with
+    of every earlier region. Last, latest first again, each region takes a save policy of
+    ``policies`` (:data:`SAVE_POLICIES`) where the peak still fits: fewer ops recomputed. The
+    cheapest plan over all starts wins. Raises :class:`Infeasible` with
     the least peak seen when nothing fits.
     """
     started = time.perf_counter()
@@ -392,6 +440,7 @@ def plan_regions(graph: nx.DiGraph, budget_bytes: int, candidates: Sequence[str]
         candidates = candidate_regions(graph)
     starts = _by_depth(list(candidates)) + segmentations(graph, sequentials or {})
     candidates = list(candidates) + [r for start in starts for r in start if parse_segment(r) is not None]
+    candidates += [f"{r}@{policy}" for policy in (policies or ()) for r in candidates]
     model = RegionModel(graph)
     cache: dict[frozenset, tuple[int, float]] = {}
 
@@ -416,6 +465,7 @@ def plan_regions(graph: nx.DiGraph, budget_bytes: int, candidates: Sequence[str]
         if not fits(chosen):
             continue
         relaxed = _relax(chosen, candidates, fits, out_of_time)
+        relaxed = _with_policies(relaxed, policies or (), fits)
         if best is None or run(relaxed)[1] < run(best)[1]:
             best = relaxed
         if out_of_time():
@@ -425,6 +475,18 @@ def plan_regions(graph: nx.DiGraph, budget_bytes: int, candidates: Sequence[str]
             f"no set of checkpointed modules fits {budget_bytes} bytes of activations; the least found holds "
             f"{least}", min_budget=least, method=METHOD)
     return evaluate(graph, [c for c in candidates if c in set(best)])
+
+
+def _with_policies(chosen: list[str], policies: Sequence[str], fits) -> list[str]:
+    """Latest region first: save what a policy saves inside it (recomputing less) where that fits."""
+    current = list(chosen)
+    for region in reversed(list(chosen)):
+        for policy in policies:
+            replaced = [f"{r}@{policy}" if r == region else r for r in current]
+            if fits(replaced):
+                current = replaced
+                break
+    return current
 
 
 def _relax(chosen: list[str], candidates: Sequence[str], fits, out_of_time) -> list[str]:
