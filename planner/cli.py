@@ -292,7 +292,24 @@ def _run_max_batch(args, model_file, budget, progress) -> int:
 def main(argv: list[str] | None = None) -> int:
     with warnings.catch_warnings():
         warnings.showwarning = _one_line_warnings(warnings.showwarning)
-        return _main(argv)
+        code = _main(argv)
+    if code == EXIT_INTERRUPTED and argv is None:  # the command itself (not a call from Python)
+        _exit_now(code)
+    return code
+
+
+def _exit_now(code: int) -> None:
+    """After Ctrl-C, once the error is printed and every file written or removed: end the process
+    without the interpreter's teardown, where a native solver's thread that is still winding down
+    (CP-SAT) can abort the process ("terminate called without an active exception", status -6)
+    instead of letting it exit with 130."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    modelfile = sys.modules.get("planner.modelfile")
+    (modelfile._REAL_EXIT if modelfile is not None else os._exit)(code)
 
 
 def _one_line_warnings(show):

@@ -69,8 +69,11 @@ def check_output(path: str | os.PathLike, inputs: Iterable[str | os.PathLike] = 
             raise WriteError(path, f"its folder {folder} cannot be written ({error.strerror or error})") from None
         os.close(handle)
         os.unlink(probe)
-    elif not os.access(existing, os.W_OK | os.X_OK):
-        raise WriteError(path, f"its folder cannot be made: {existing} cannot be written")
+    else:  # the folder is to be made: try making one beside it (root passes every os.access check)
+        try:
+            os.rmdir(tempfile.mkdtemp(prefix=".tmp-probe-", dir=existing))
+        except OSError as error:
+            raise WriteError(path, f"its folder cannot be made in {existing} ({error.strerror or error})") from None
     return path
 
 

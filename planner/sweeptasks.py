@@ -133,6 +133,11 @@ def solve_run(run: Run, profiled: Profiled) -> Outcome:
         return Outcome(INFEASIBLE, method=error.method or run.solver, error=str(error).strip().splitlines()[0],
                        budget_bytes=run.budget.resolve(unplanned), unplanned_peak_bytes=unplanned,
                        min_budget_bytes=error.min_budget, solve_seconds=time.perf_counter() - started)
+    except TimeoutError as error:  # the solver's words are about activation bytes: say the user's budget first
+        limit = f"{run.model.time_limit:g} s" if run.model.time_limit else "the solver's default time limit"
+        detail = " ".join(str(error).split())
+        return Outcome(ERROR, method=run.solver, error=f"no schedule within budget {run.budget} found in {limit}"
+                       + (f" ({detail})" if detail else ""), solve_seconds=time.perf_counter() - started)
     except Exception as error:  # a solver failure is this run's failure; the sweep goes on
         return Outcome(ERROR, method=run.solver, error=describe(error), solve_seconds=time.perf_counter() - started)
     made.model = profiled.model_class  # plan() was given no model object, only its profile
