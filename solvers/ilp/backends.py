@@ -72,7 +72,10 @@ def check_backend(backend: str) -> None:
                                 "or use backend='highs'")
 
 def _highs_solver(ends_at: float | None, threads, warm: dict | None, relax: bool, gap_abs: float | None,
-                  target: float | None = None):
+                  target: float | None, rows: list):
+    """PuLP's HiGHS solver for one run: ``ends_at`` (a ``time.perf_counter`` reading) ends it,
+    loading included; ``rows`` are the problem's constraints in the order they were added (the
+    model keeps them, so PuLP's private ``_constraints`` is not needed)."""
     import highspy
     import numpy as np
     import pulp
@@ -110,7 +113,7 @@ def _highs_solver(ends_at: float | None, threads, warm: dict | None, relax: bool
                 np.array([infinity if var.upBound is None else var.upBound for var in variables], dtype=np.float64),
                 0, np.zeros(0, dtype=np.int32), np.zeros(0, dtype=np.int32), np.zeros(0, dtype=np.float64))
             starts, indices, values, lower, upper = [], [], [], [], []
-            for position, row in enumerate(lp._constraints.values()):
+            for position, row in enumerate(rows):  # the problem's own constraints, in its order
                 if position % 4096 == 0:
                     check("loading the model into HiGHS")
                 row.index = position
@@ -143,7 +146,7 @@ def _highs_solver(ends_at: float | None, threads, warm: dict | None, relax: bool
                 highspy.Highs.resetGlobalScheduler(True)
             if ends_at is not None:  # what loading left of the limit, less what ends the run
                 left = ends_at - time.perf_counter()
-                size = len(lp.variables()) + len(lp._constraints)
+                size = len(lp.variables()) + lp.numConstraints()
                 reserve = min(0.5 * left, HIGHS_SECONDS_AFTER_LIMIT_PER_ENTRY * size)
                 lp.solverModel.setOptionValue("time_limit", max(0.01, left - reserve))
             lp.solverModel.run()
@@ -161,7 +164,7 @@ def _run_highs(model: CheckmateModel, time_limit, threads, warm, relax, gap_abs,
 
     problem = model.problem
     ends_at = None if time_limit is None else time.perf_counter() + time_limit
-    problem.solve(_highs_solver(ends_at, threads, warm, relax, gap_abs, target))
+    problem.solve(_highs_solver(ends_at, threads, warm, relax, gap_abs, target, model.rows))
     highs = problem.solverModel
     status = highs.getModelStatus()
     info = highs.getInfo()
