@@ -16,7 +16,7 @@ from .budget import format_bytes, parse_budget
 from .fallback import FallbackWarning, ModuleChainPlan, plan_module_chain
 from .footprint import held_besides_schedule
 from .granularity import noted, solve_over_groupings
-from .native import NativePlan, plan_native
+from .native import DISTRIBUTED, NativePlan, plan_native
 from .planfile import Plan, load
 
 __all__ = ["BudgetInfeasible", "EXECUTORS", "profile_for", "FallbackWarning", "NativePlan", "SolverError", "Plan", "apply", "checkpoint",
@@ -48,6 +48,7 @@ def plan(
     granularity="module",
     profile: profiler.Profile | None = None,
     executor: str | None = None,
+    distributed: str | None = None,
 ) -> Plan:
     """Profile ``model``'s training step on ``example_inputs`` and solve for ``budget``.
 
@@ -56,6 +57,9 @@ def plan(
     ``torch.utils.checkpoint`` (planner/native.py), predicted from the trace and measured once on the
     example inputs. ``"traced"`` (the default with any other solver): any schedule of the profiled
     graph, run by replaying the trace (runtime/module.py); the solvers of ``solvers.METHODS``.
+
+    ``distributed="ddp"`` (native plans) counts DistributedDataParallel's gradient buckets, one copy
+    of the trainable parameters, in the budget of each device (planner/native.py, wrapper_bytes).
 
     ``budget``: bytes of the whole step (``"12GB"``, ``"500MiB"``, an int) or a percentage of the
     un-checkpointed step's peak (``"60%"``). ``solver``: ``"auto"`` or a method of
@@ -79,8 +83,14 @@ def plan(
     """
     parsed = parse_budget(budget)
     executor = _executor(executor, solver)
+    if distributed is not None and distributed not in DISTRIBUTED:
+        raise SolverError(f"distributed={distributed!r} is not accounted for; accepted: None, "
+                          + ", ".join(repr(d) for d in DISTRIBUTED)
+                          + " (FSDP2: see docs/runtime.md, 'Several processes')")
     if executor == "native":
-        return _plan_native(model, example_inputs, parsed, loss_fn, time_limit, granularity, profile)
+        return _plan_native(model, example_inputs, parsed, loss_fn, time_limit, granularity, profile, distributed)
+    if distributed is not None:
+        raise SolverError("distributed= is accounted for by native plans only: use executor='native' (the default)")
     if profile is None:
         try:
             profile = profiler.profile(model, example_inputs, loss_fn=loss_fn, granularity=granularity)
@@ -159,10 +169,10 @@ def _executor(executor: str | None, solver: str) -> str:
     return executor
 
 
-def _plan_native(model, example_inputs, parsed, loss_fn, time_limit, granularity, profile) -> Plan:
+def _plan_native(model, example_inputs, parsed, loss_fn, time_limit, granularity, profile, distributed) -> Plan:
     try:
         return plan_native(model, example_inputs, parsed, loss_fn=loss_fn, time_limit=time_limit,
-                           granularity=granularity, profile=profile)
+                           granularity=granularity, profile=profile, distributed=distributed)
     except profiler.TraceError as error:
         return plan_untraceable(model, example_inputs, parsed, loss_fn=loss_fn, reason=error.reason)
     except BudgetInfeasible:

@@ -17,7 +17,7 @@ the prediction is an estimate of eager checkpointing, usually a little above it.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import networkx as nx
 import torch
@@ -134,12 +134,32 @@ def _fixed_bytes(graph: nx.DiGraph) -> int:
     return int(graph.graph["fixed_bytes"]) + int(graph.graph.get("loss_value_bytes", 0))
 
 
+DISTRIBUTED = ("ddp",)
+
+
+def wrapper_bytes(model: torch.nn.Module, distributed: str | None) -> int:
+    """Bytes a distributed wrapper holds on each device besides the step the profile traced.
+
+    ``"ddp"``: DistributedDataParallel's gradient buckets, allocated when it wraps the model and
+    held for good: one copy of the trainable parameters' gradients (its default,
+    ``gradient_as_bucket_view=False``; with views the buckets are the gradients and this counts
+    them twice, an over-estimate). None: nothing."""
+    if distributed is None:
+        return 0
+    if distributed not in DISTRIBUTED:
+        raise ValueError(f"distributed={distributed!r} is not accounted for; accepted: None, "
+                         + ", ".join(repr(d) for d in DISTRIBUTED)
+                         + " (FSDP2: plan one rank's step unsharded; see docs/runtime.md)")
+    return sum(p.numel() * p.element_size() for p in {id(p): p for p in model.parameters() if p.requires_grad}.values())
+
+
 def solve_native(profile: "profiler.Profile", model: torch.nn.Module, budget_bytes: int,
-                 time_limit: float | None = None) -> tuple[RegionPlan, int]:
-    """The regions for ``budget_bytes`` (whole step) and the bytes held besides their schedule."""
+                 time_limit: float | None = None, extra_bytes: int = 0) -> tuple[RegionPlan, int]:
+    """The regions for ``budget_bytes`` (whole step) and the bytes held besides their schedule
+    (``extra_bytes``, a wrapper's, included)."""
     graph = profile.regroup("op").graph
     devices = cuda_devices([*model.parameters()])
-    fixed = _fixed_bytes(graph)
+    fixed = _fixed_bytes(graph) + extra_bytes
     sequentials = sequential_containers(model)
     candidates = candidate_regions(graph)
     activation_budget = budget_bytes - fixed
@@ -167,15 +187,21 @@ def measure_native(model: torch.nn.Module, regions, example_inputs, loss_fn, rep
 
 def plan_native(model: torch.nn.Module, example_inputs, budget: Budget, loss_fn=None,
                 time_limit: float | None = None, granularity="module",
-                profile: "profiler.Profile | None" = None, measure: bool = True) -> NativePlan:
+                profile: "profiler.Profile | None" = None, measure: bool = True,
+                distributed: str | None = None) -> NativePlan:
     """A :class:`NativePlan` for ``budget``: see the module docstring. Raises :class:`Infeasible`
-    (``min_budget`` in whole-step bytes) when no set of regions fits."""
+    (``min_budget`` in whole-step bytes) when no set of regions fits.
+
+    ``distributed`` (``"ddp"``) counts what the wrapper holds on each device (:func:`wrapper_bytes`)
+    in the predicted and in the measured peak (the measurement runs unwrapped, in this process, and
+    adds those bytes), and in the base of a ``"N%"`` budget."""
+    extra = wrapper_bytes(model, distributed)
     remove_native(model)  # re-planning a model planned before: trace its own forward
     if profile is None:
         # Unfused: eager autograd runs the cross-entropy backward as two logits-sized ops.
         profile = profiler.profile(model, example_inputs, loss_fn=loss_fn, granularity=granularity, fuse_loss=False)
     op_graph = profile.regroup("op").graph
-    fixed = _fixed_bytes(op_graph)
+    fixed = _fixed_bytes(op_graph) + extra
     from solvers.regions import evaluate
 
     unplanned = evaluate(op_graph, ())
@@ -187,7 +213,7 @@ def plan_native(model: torch.nn.Module, example_inputs, budget: Budget, loss_fn=
     for _ in range(REPAIRS + 1):
         try:
             search_started = time.perf_counter()
-            solved, held = solve_native(profile, model, target, time_limit)
+            solved, held = solve_native(profile, model, target, time_limit, extra)
             solving += time.perf_counter() - search_started
         except Infeasible as error:
             minimum = None if error.min_budget is None else error.min_budget + fixed
@@ -198,6 +224,7 @@ def plan_native(model: torch.nn.Module, example_inputs, budget: Budget, loss_fn=
         if not measure:
             break
         measured = measure_native(model, solved.regions, example_inputs, loss_fn)
+        measured = replace(measured, peak_bytes=measured.peak_bytes + extra)
         if measured.peak_bytes <= budget_bytes:
             break
         target -= measured.peak_bytes - budget_bytes  # the prediction missed by this much: ask for less
