@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from graphs import parameter_gradient_graph, random_dag, training_graph
 
-from solvers import Infeasible, dp, simulate, solve
+from solvers import Infeasible, dp, dp_engines, simulate, solve
 from solvers.chainmodel import (
     ChainMoveError,
     ChainState,
@@ -228,7 +228,7 @@ def test_trap_1_option_b_counts_the_live_gradient(monkeypatch):
     budget = 19
     # With rotor's check the plan runs Fe_0 after B_2, while y_2 (5) is held: 1 + 5 + 4 + 12 = 22.
     with monkeypatch.context() as patch:
-        patch.setattr(dp, "_option_b_table", rotor_option_b_table)
+        patch.setattr(dp_engines, "_option_b_table", rotor_option_b_table)
         sizes = dp._sizes(TRAP_1)
         grid = dp._grid_tables(sizes, dp._keys(TRAP_1), budget, dp._bounds(sizes))
         overshooting = dp._sequence(grid.choice_at, sizes, budget)
