@@ -17,6 +17,7 @@ produces them. Which outputs get one is decided by running the planning loss onc
 from __future__ import annotations
 
 import contextlib
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -36,6 +37,7 @@ from .inputs import InputLayout, TensorSpec, input_layout
 from .measure import storage_bytes
 from .rnn import DECOMPOSITIONS as RNN_DECOMPOSITIONS
 from .state import cuda_devices, preserved_state
+from .transformer import masks_applied_as_given
 
 
 class CaptureError(RuntimeError):
@@ -145,6 +147,73 @@ def default_loss(output) -> torch.Tensor:
     if not leaves:
         raise CaptureError("the model's output has no floating-point tensor to take a loss of; pass loss_fn")
     return sum(t.sum() for t in leaves)
+
+
+def register_output_containers() -> None:
+    """Let the tracer see the tensors inside Hugging Face's ``DynamicCache``: with ``use_cache`` on
+    (GPT-2's default config) a causal LM returns its keys and values in one, and a cache flattened
+    as a constant leaf handed the caller the trace's fake tensors. Registered as a pytree node (the
+    flattening transformers itself uses for ``torch.export``), its tensors are model outputs, held by
+    the caller as eager's are; an encoder-decoder's ``EncoderDecoderCache`` likewise. Registering
+    is global and once; nothing happens without transformers, and a cache registered already (by
+    transformers' export support) keeps that registration."""
+    if "transformers" not in sys.modules:
+        return
+    try:
+        from transformers.cache_utils import DynamicCache, EncoderDecoderCache
+        from transformers.integrations import executorch
+    except ImportError:  # another transformers version: its caches stay leaves (_holds_tensors refuses them)
+        return
+    nodes = {
+        DynamicCache: (lambda cache: executorch._flatten_cache_dict(executorch._get_cache_dict(cache),
+                                                                    executorch._get_dynamic_cache_layout(cache)),
+                       _unflatten_dynamic_cache),
+        # An encoder-decoder's (T5, BART, Whisper): its two DynamicCaches, each flattened as above.
+        EncoderDecoderCache: (lambda cache: ([cache.self_attention_cache, cache.cross_attention_cache], None),
+                               lambda caches, _: EncoderDecoderCache(*caches)),
+    }
+    for kind, (flatten, unflatten) in nodes.items():
+        if kind in pytree.SUPPORTED_NODES:
+            continue
+        try:
+            pytree.register_pytree_node(kind, flatten, unflatten,
+                                        serialized_type_name=f"{kind.__module__}.{kind.__name__}")
+        except ValueError as error:  # registered meanwhile
+            if "already registered" not in str(error):
+                raise
+
+
+def _unflatten_dynamic_cache(values, context):
+    """A DynamicCache holding ``values`` themselves. Transformers' own unflattening fills each layer
+    by concatenating to an empty tensor, a copy of the whole cache beside the step's outputs (the
+    planned GPT-2 measured that much, 128 KiB, over its prediction): it is given empty slices of
+    the keys and values instead, and the layers then take the tensors."""
+    from transformers.integrations import executorch
+
+    names, layout = context
+    tensors = pytree._dict_unflatten(values, names)
+    keys, values_ = tensors["key_cache"], tensors["value_cache"]
+    empty = [[t[..., :0, :] for t in group] for group in values]  # the children: lists of tensors
+    cache = executorch._unflatten_dynamic_cache(empty, context)
+    filled = [layer for layer in cache.layers if getattr(layer, "keys", None) is not None]
+    for layer, k, v in zip(filled, keys, values_):
+        layer.keys, layer.values = k, v
+    return cache
+
+
+def _holds_tensors(value, depth: int = 3) -> bool:
+    """Whether a non-tensor output leaf holds tensors (in its attributes, lists, tuples or dicts,
+    ``depth`` levels down)."""
+    if isinstance(value, torch.Tensor):
+        return True
+    if depth == 0 or isinstance(value, (str, bytes, int, float, bool, type(None))):
+        return False
+    if isinstance(value, dict):
+        return any(_holds_tensors(v, depth - 1) for v in value.values())
+    if isinstance(value, (list, tuple, set)):
+        return any(_holds_tensors(v, depth - 1) for v in value)
+    attributes = getattr(value, "__dict__", None)
+    return isinstance(attributes, dict) and any(_holds_tensors(v, depth - 1) for v in attributes.values())
 
 
 def _run_planning_loss(model, args, kwargs, loss_fn, repeats: int = 3) -> tuple[LossInfo, list[torch.Tensor]]:
@@ -329,6 +398,7 @@ def capture(
     (the native executor).
     """
     started = time.perf_counter()
+    register_output_containers()
     layout = input_layout(args, kwargs)
     leaves = pytree.tree_leaves((tuple(args), dict(kwargs)))
     input_tensors = [leaves[i] for i in layout.tensor_positions]
@@ -361,6 +431,13 @@ def capture(
         out_leaves, seen["spec"] = pytree.tree_flatten(output)
         seen["positions"] = [i for i, leaf in enumerate(out_leaves) if isinstance(leaf, torch.Tensor)]
         seen["constants"] = {i: leaf for i, leaf in enumerate(out_leaves) if not isinstance(leaf, torch.Tensor)}
+        for leaf in seen["constants"].values():
+            if _holds_tensors(leaf):  # returned as traced, it would hand the caller fake tensors
+                raise TraceError(
+                    f"the model's output holds tensors inside a {type(leaf).__name__}, which the tracer cannot "
+                    "see into (register it with torch.utils._pytree)",
+                    reason=f"tensors inside a {type(leaf).__name__} output",
+                )
         out_tensors = [out_leaves[i] for i in seen["positions"]]
         seen["requires_grad"] = [t.requires_grad for t in out_tensors]
         differentiated = [out_tensors[i] for i in loss.tangent_outputs]
@@ -372,7 +449,7 @@ def capture(
 
     flat_inputs = [*trainable.values(), *frozen.values(), *buffers.values(), *input_tensors, *tangents]
     try:
-        with fx_traceback.preserve_node_meta(), _ModuleTagger(model) as tagger:
+        with fx_traceback.preserve_node_meta(), _ModuleTagger(model) as tagger, masks_applied_as_given():
             traced = make_fx(joint, tracing_mode="fake", decomposition_table=_DECOMPOSITIONS)(*flat_inputs)
             draw_in_place_masks_like_eager(traced)  # before functionalization rewrites bernoulli_
             with autocast_disabled():  # the first trace recorded autocast's casts; replay them as they are

@@ -15,8 +15,8 @@ break when the traced step is run op by op:
 :func:`mkldnn_rnn_layer` is the same kernel, run with grad mode on (its inputs do not require grad,
 so nothing is recorded), and its fake kernel gives the workspace the size the real kernel gives it,
 learnt by running the kernel once on zeros of the same shapes (cached per shape). The tracer
-records it in place of the aten op (profiler/capture.py, ``_DECOMPOSITIONS``); the backward is
-``mkldnn_rnn_layer_backward`` unchanged. Same kernels, so the gradients are the eager model's, bit
+records it in place of the aten op (profiler/capture.py, ``_DECOMPOSITIONS``), and the backward
+as :func:`mkldnn_rnn_layer_backward` (the same kernel; its two bias gradients as two tensors). Same kernels, so the gradients are the eager model's, bit
 for bit, and the layer is timed as one op.
 
 GRU, and LSTM without oneDNN, are traced as their time steps' matmuls and pointwise ops: nothing to
@@ -72,10 +72,48 @@ def _(input, weight0, weight1, weight2, weight3, hx_, cx_, reverse, batch_sizes,
     return output, hy, cy, input.new_empty((numel,), dtype=torch.uint8)
 
 
+@torch.library.custom_op("plan_checkpoints::mkldnn_rnn_layer_backward", mutates_args=())
+def mkldnn_rnn_layer_backward(input: torch.Tensor, weight1: torch.Tensor, weight2: torch.Tensor,
+                              weight3: torch.Tensor, weight4: torch.Tensor, hx_: torch.Tensor, cx_tmp: torch.Tensor,
+                              output: torch.Tensor, hy_: torch.Tensor, cy_: torch.Tensor,
+                              grad_output: torch.Tensor | None, grad_hy: torch.Tensor | None,
+                              grad_cy: torch.Tensor | None, reverse: bool, mode: int, hidden_size: int,
+                              num_layers: int, has_biases: bool, train: bool, bidirectional: bool,
+                              batch_sizes: list[int], batch_first: bool,
+                              workspace: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                                                                torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``aten.mkldnn_rnn_layer_backward``, whose two bias gradients (one tensor: the kernel returns
+    it twice) come back as two tensors. Fake tensors kept the two as one object on a first call and
+    made two on a cached one, so the same model traced to graphs of different structure (and a plan
+    refused the model it was made for)."""
+    grads = list(aten.mkldnn_rnn_layer_backward.default(
+        input, weight1, weight2, weight3, weight4, hx_, cx_tmp, output, hy_, cy_, grad_output, grad_hy, grad_cy,
+        reverse, mode, hidden_size, num_layers, has_biases, train, bidirectional, batch_sizes, batch_first,
+        workspace))
+    seen: set[int] = set()
+    for i, grad in enumerate(grads):
+        if id(grad) in seen or any(grad is t for t in (input, weight1, weight2, weight3, weight4, hx_, cx_tmp)):
+            grads[i] = grad.clone()
+        seen.add(id(grads[i]))
+    return tuple(grads)
+
+
+@mkldnn_rnn_layer_backward.register_fake
+def _(input, weight1, weight2, weight3, weight4, hx_, cx_tmp, output, hy_, cy_, grad_output, grad_hy, grad_cy,
+      reverse, mode, hidden_size, num_layers, has_biases, train, bidirectional, batch_sizes, batch_first, workspace):
+    return (torch.empty_like(input), torch.empty_like(weight1), torch.empty_like(weight2), torch.empty_like(weight3),
+            torch.empty_like(weight4), torch.empty_like(hx_), torch.empty_like(cx_tmp))
+
+
 def _record_our_layer(*args, **kwargs):
     """The tracer's decomposition of ``aten.mkldnn_rnn_layer``: our op in its place."""
     return mkldnn_rnn_layer(*args, **kwargs)
 
 
+def _record_our_backward(*args, **kwargs):
+    return mkldnn_rnn_layer_backward(*args, **kwargs)
+
+
 # aten op -> what the tracer records instead (profiler/capture.py adds these to its decompositions).
-DECOMPOSITIONS = {aten.mkldnn_rnn_layer.default: _record_our_layer}
+DECOMPOSITIONS = {aten.mkldnn_rnn_layer.default: _record_our_layer,
+                  aten.mkldnn_rnn_layer_backward.default: _record_our_backward}
