@@ -38,6 +38,7 @@ class PlanWarning(UserWarning):
 
 MAX_BYTES = 2**60  # 1 EiB (planner/budget.py): a larger figure in a plan file is not a measurement
 MAX_SECONDS = 1e9  # ~32 years: likewise for a time
+MAX_PLAN_FILE_BYTES = 2**30  # a 10,000-node plan is a few MiB
 STATUSES = ("optimal", "optimal-in-order", "feasible", "heuristic")  # solvers.schedule.STATUSES
 
 
@@ -337,6 +338,13 @@ def load(path: str | os.PathLike) -> Plan:
     """Read a plan saved by :meth:`Plan.save`. Raises :class:`PlanFileError` with the reason."""
     path = os.fspath(path)
     try:
+        if os.path.exists(path) and not os.path.isfile(path):  # a FIFO blocks, /dev/zero never ends
+            kind = "a folder" if os.path.isdir(path) else "not a regular file (a device or a pipe)"
+            raise PlanFileError(f"cannot read plan file {path}: it is {kind}; a plan file is a JSON file "
+                                "written by plan-checkpoints")
+        if os.path.getsize(path) > MAX_PLAN_FILE_BYTES:
+            raise PlanFileError(f"plan file {path} is {format_bytes(os.path.getsize(path))}; a plan file is a JSON "
+                                f"file written by plan-checkpoints, at most {format_bytes(MAX_PLAN_FILE_BYTES)}")
         with open(path, "rb") as file:
             raw = file.read()
     except OSError as error:

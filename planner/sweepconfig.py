@@ -40,6 +40,8 @@ MODEL_KEYS = {
     "granularity": "this model's granularity",
 }
 MAX_VALUES = 10_000
+MAX_SWEEP_FILE_BYTES = 10 * 2**20
+MAX_NAME = 100  # a run's files are named <model>__<budget>__<solver>.json: within a file name's 255 bytes
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _FUNCTION = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -248,8 +250,16 @@ def _file_digest(path: str) -> str:
 def compose(path: str) -> tuple[_Reader, yaml.Node]:
     """Parse the file into yaml nodes; malformed YAML is an error with its line and column."""
     try:
-        with open(path) as file:
+        if os.path.exists(path) and not os.path.isfile(path):  # a FIFO blocks, /dev/zero never ends
+            kind = "a folder" if os.path.isdir(path) else "not a regular file (a device or a pipe)"
+            raise ConfigError(f"cannot read sweep file {path}: it is {kind}; a sweep file is a YAML file (docs/batch.md)")
+        if os.path.getsize(path) > MAX_SWEEP_FILE_BYTES:
+            raise ConfigError(f"sweep file {path} is {os.path.getsize(path)} bytes; a sweep file is a YAML file of "
+                              f"at most {MAX_SWEEP_FILE_BYTES} bytes")
+        with open(path, encoding="utf-8") as file:
             text = file.read()
+    except UnicodeDecodeError as error:
+        raise ConfigError(f"sweep file {path} is not UTF-8 text (byte {error.start}); a sweep file is a YAML file") from None
     except OSError as error:
         raise ConfigError(f"cannot read sweep file {path}: {error.strerror or error}") from None
     reader = _Reader(path)
@@ -338,13 +348,20 @@ def _model(reader: _Reader, node: yaml.Node, index: int, folder: str, defaults: 
     if "file" not in keys:
         raise reader.error(node, f"{what} has no 'file' (the model file defining build_model() and example_inputs())")
     file = os.path.normpath(os.path.join(folder, reader.string(keys["file"], "file", hint="a path to a .py file")))
-    if not os.path.isfile(file) or not file.endswith(".py"):
-        problem = "does not exist" if not os.path.exists(file) else "is not a .py file"
-        raise reader.error(keys["file"], f"model file {file} {problem}")
+    from .modelfile import ModelFileError, check_model_path
+
+    try:
+        check_model_path(file)
+    except ModelFileError as error:
+        raise reader.error(keys["file"], str(error).split("; ")[0]) from None
     stem = os.path.splitext(os.path.basename(file))[0]
     name = reader.string(keys["name"], "name", _NAME, "letters, digits, '.', '_' or '-'") if "name" in keys else stem
-    if not _NAME.match(name):
-        raise reader.error(keys["file"], f"the file name {stem!r} cannot name the model in file names; give a 'name'")
+    if not _NAME.match(name) or len(name) > MAX_NAME:
+        shown = repr(name if len(name) <= 40 else name[:40] + "...")
+        where, what, fix = ((keys["name"], f"the name {shown}", "give a shorter 'name'") if "name" in keys
+                            else (keys["file"], f"the file name {shown}", "give a 'name'"))
+        raise reader.error(where, f"{what} cannot name the model in file names: letters, digits, '.', '_' or '-', "
+                                  f"at most {MAX_NAME} characters; {fix}")
     functions = {}
     for key in ("model_fn", "inputs_fn", "loss_fn"):
         if key in keys:

@@ -499,6 +499,42 @@ def test_a_sweep_run_out_of_time_names_the_users_budget(folder, monkeypatch):
     assert outcome.error.startswith("no schedule within budget 70% found in 0.5 s (ilp: no schedule within ")
 
 
+# -- hangs: files that never end ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("command, kind", [
+    (["show", "fifo"], "plan"), (["show", "/dev/zero"], "plan"), (["batch", "fifo"], "sweep"),
+    (["batch", "/dev/zero"], "sweep"), (["show", "."], "plan"),
+])
+def test_a_pipe_or_device_instead_of_a_file_is_refused_not_read_for_ever(folder, command, kind):
+    os.mkfifo(folder / "fifo")  # no writer: reading it would block for ever
+    result = cli(*command, cwd=folder, timeout=60)
+    assert_refused(result, EXIT_USAGE, f"cannot read {kind} file", "not a regular file" if command[1] != "." else "a folder",
+                   seconds=30)
+
+
+@pytest.mark.parametrize("text, phrase", [
+    ("budgets: [100%]\nmodels:\n  - file: model.py\n    name: " + "a" * 300 + "\n", "at most 100 characters"),
+    ("budgets: [100%]\nmodels:\n  - file: x.py\n", "x.py is a folder, not a file"),
+    ("budgets: [100%]\nmodels:\n  - file: model.py\n    name: \xff\n", "not UTF-8"),
+])
+def test_sweep_files_refused_before_any_work(folder, text, phrase):
+    (folder / "x.py").mkdir()
+    (folder / "sweep.yaml").write_bytes(text.encode("latin-1"))
+    before = snapshot(folder)
+    result = cli("batch", "sweep.yaml", "--out", "results", cwd=folder)
+    assert_refused(result, EXIT_USAGE, "sweep", phrase, seconds=30)
+    assert snapshot(folder) == before  # nothing profiled, nothing written (the long name failed after profiling)
+
+
+def test_stdout_closed_early_is_not_a_traceback(folder, plan_data):
+    path = write_plan(folder / "plan.json", plan_data)
+    process = subprocess.Popen([sys.executable, "-m", "planner", "show", path, "-q"], cwd=folder, env=_env(),
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    process.stdout.close()  # like `| head -0`
+    _, err = process.communicate(timeout=60)
+    assert b"Traceback" not in err and err == b""
+    assert process.returncode == 141
+
+
 # -- conventions -------------------------------------------------------------------------------------------------
 def test_version_and_python_dash_m(folder):
     for module in (False, True):
