@@ -280,3 +280,18 @@ def test_hugging_face_trainer_trains_evaluates_and_resumes(gpt2_plan, tmp_path):
     import json
 
     assert json.loads((tmp_path / "saved" / "config.json").read_text())["architectures"] == ["GPT2LMHeadModel"]
+
+
+def test_the_trainer_example_runs(tmp_path):
+    """examples/trainer.py as a user runs it (small sizes): plans, trains with the Trainer, evaluates."""
+    import subprocess
+    import sys
+
+    root = __file__.rsplit("/tests/", 1)[0]
+    result = subprocess.run(
+        [sys.executable, f"{root}/examples/trainer.py", "--steps", "3", "--layers", "2", "--tokens", "32",
+         "--budget", "85%", "--out", str(tmp_path / "run")],
+        capture_output=True, text=True, timeout=600, cwd=root,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "checkpointed: transformer." in result.stdout and "eval_loss" in result.stdout, result.stdout
