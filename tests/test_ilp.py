@@ -492,3 +492,60 @@ def test_a_warm_start_heuristic_that_fails_is_a_loud_bug(monkeypatch):
     graph = training_graph(6, seed=1)
     with pytest.raises(AssertionError, match="chen-greedy"):
         solve(graph, store_all_peak(graph) - 1, method="ilp")
+
+
+INTERRUPTED_MILP = """
+import sys, time
+sys.path[:0] = [{root!r}, {tests!r}]
+from graphs import store_all_peak, training_graph
+from solvers import solve
+from solvers.ilp import backends
+
+original = backends.run_interruptibly
+
+def announced(highs):
+    print("solving", flush=True)  # the parent sends SIGINT once HiGHS runs
+    return {run}
+
+backends.run_interruptibly = announced
+graph = training_graph(40, seed=0, skips=4)
+started = time.perf_counter()
+try:
+    solve(graph, store_all_peak(graph) // 2, method="ilp", time_limit=120, warm_start=False, threads=1)
+except KeyboardInterrupt:
+    print(f"interrupted after {{time.perf_counter() - started:.1f}} s", flush=True)
+    raise
+print("returned", flush=True)
+"""
+
+
+def run_interrupted_milp(run: str = "original(highs)") -> tuple[str, str, float]:
+    """A MILP of ~20 s (81 nodes, no warm start) in a subprocess, sent SIGINT 1 s into HiGHS's run:
+    its stdout, stderr and the seconds from the signal to its end."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    script = INTERRUPTED_MILP.format(root=root, tests=os.path.join(root, "tests"), run=run)
+    process = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True)
+    try:
+        assert process.stdout.readline().strip() == "solving"
+        time.sleep(1.0)
+        sent = time.perf_counter()
+        process.send_signal(signal.SIGINT)
+        out, err = process.communicate(timeout=180)
+        return out, err, time.perf_counter() - sent
+    finally:
+        process.kill()
+
+
+def test_ctrl_c_during_a_highs_run_raises_keyboard_interrupt_at_once():
+    # HiGHS's run holds the thread that calls it: a Ctrl-C used to wait for the end of the MILP.
+    out, err, waited = run_interrupted_milp()
+    assert "returned" not in out
+    assert "interrupted after" in out and "KeyboardInterrupt" in err, (out, err[-2000:])
+    assert waited < 5, waited  # stopped within the run, not at its end (~20 s)
