@@ -213,7 +213,9 @@ def main(argv: list[str]) -> int:
     out = args.out or _default_out(args.config)
     cache_dir = None if args.no_cache else (args.cache_dir or os.path.join(out, ".profile-cache"))
     _check_folders(sweep, out, cache_dir)
-    results = Results(out)
+    # Absolute before any model file runs: its code may change the working folder (os.chdir).
+    results = Results(os.path.abspath(out))
+    cache_dir = os.path.abspath(cache_dir) if cache_dir else None
     results.remove_temporaries()
     todo = [run for run in sweep.runs if not results.is_done(run, args.retry_failed)]
     progress = Progress(enabled=not args.quiet)

@@ -19,6 +19,7 @@ that is one of the inputs is refused.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -207,22 +208,36 @@ def run_plan(argv: list[str]) -> int:
 
     model_path = check_model_path(args.model)
     check_output(args.out, inputs=[model_path])
+    # Absolute now: the model file's code may change the working folder (os.chdir at import).
+    out_path = os.path.abspath(args.out)
     from planner.modelfile import guarded, load_model_file
     from planner.progress import Progress
 
     progress = Progress(enabled=not args.quiet)
-    with progress.task(f"Loading {args.model}"):
-        model_file = load_model_file(model_path, args.model_fn, args.inputs_fn, args.device)
-    # The model's forward and loss run from here on (profiling, the fallback's measurements): a
-    # sys.exit() or os._exit() in them is the model file's error, not the end of the command.
-    with guarded(model_path, "in the model's forward or loss_fn"):
-        try:
-            if args.max_batch:
-                return _run_max_batch(args, model_file, budget, progress)
-            plan = _make_plan(args, model_file, budget, progress)
-        except TimeoutError as error:
-            raise _out_of_time(error, args) from None
-    plan.save(args.out)
+    # With --json, stdout is the JSON alone: what the model file's code prints goes to stderr.
+    user_output = contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext()
+    with user_output:
+        with progress.task(f"Loading {args.model}"):
+            model_file = load_model_file(model_path, args.model_fn, args.inputs_fn, args.device)
+        # The model's forward and loss run from here on (profiling, the fallback's measurements): a
+        # sys.exit() or os._exit() in them is the model file's error, not the end of the command.
+        with guarded(model_path, "in the model's forward or loss_fn"):
+            try:
+                if args.max_batch:
+                    from planner.maxbatch import find_max_batch
+
+                    found = find_max_batch(model_file.model, model_file.example_inputs, budget, solver=args.solver,
+                                           max_overhead=args.max_overhead, loss_fn=model_file.loss_fn,
+                                           time_limit=args.time_limit, granularity=args.granularity, progress=progress)
+                    plan = found.plan
+                else:
+                    found = None
+                    plan = _make_plan(args, model_file, budget, progress)
+            except TimeoutError as error:
+                raise _out_of_time(error, args) from None
+    plan.save(out_path)
+    if found is not None:
+        return _report_max_batch(args, found)
     if args.json:
         print(json.dumps(_summary_json(plan, args.out), indent=1))
     else:
@@ -267,13 +282,7 @@ def _out_of_time(error: TimeoutError, args) -> TimeoutError:
                       + (f" ({detail})" if detail else ""))
 
 
-def _run_max_batch(args, model_file, budget, progress) -> int:
-    from planner.maxbatch import find_max_batch
-
-    found = find_max_batch(model_file.model, model_file.example_inputs, budget, solver=args.solver,
-                           max_overhead=args.max_overhead, loss_fn=model_file.loss_fn, time_limit=args.time_limit,
-                           granularity=args.granularity, progress=progress)
-    found.plan.save(args.out)
+def _report_max_batch(args, found) -> int:
     profiled = ", ".join(str(b) for b in found.profiled)
     line = (f"Largest batch size: {found.batch_size} (the example inputs have {found.example_batch_size}); "
             f"profiled at {profiled}, {found.solves} predicted plans searched")

@@ -347,8 +347,11 @@ def load(path: str | os.PathLike) -> Plan:
                                 f"file written by plan-checkpoints, at most {format_bytes(MAX_PLAN_FILE_BYTES)}")
         with open(path, "rb") as file:
             raw = file.read()
-    except OSError as error:
-        raise PlanFileError(f"cannot read plan file {path}: {error.strerror or error}") from None
+    except PlanFileError:
+        raise
+    except (OSError, ValueError) as error:  # ValueError: a NUL in the path
+        shown = path if path.isprintable() else repr(path)
+        raise PlanFileError(f"cannot read plan file {shown}: {getattr(error, 'strerror', None) or error}") from None
     try:
         data = json.loads(raw.decode("utf-8"))
     except json.JSONDecodeError as error:

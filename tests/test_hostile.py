@@ -683,6 +683,36 @@ def test_api_budgets_and_inputs():
         planner.plan(model, {1: torch.randn(2, 4)}, "100%")
 
 
+def test_api_load_of_a_path_that_is_not_a_file(tmp_path):
+    import planner
+
+    for path in ("a\0b.json", tmp_path, "/dev/zero", tmp_path / "missing.json"):
+        with pytest.raises(planner.PlanFileError, match="cannot read plan file"):
+            planner.load(path)
+
+
+CHDIR = """
+import os
+os.chdir(os.path.join(os.path.dirname(os.path.abspath(__file__)), "elsewhere"))
+print("the model file prints this")
+""" + TINY
+
+
+def test_a_model_file_that_changes_folder_or_prints_does_not_move_the_plan_or_break_json(folder):
+    (folder / "elsewhere").mkdir()
+    (folder / "chdir.py").write_text(CHDIR)
+    result = cli("chdir.py", "--budget", "100%", "--solver", "chen-greedy", "--out", "p.json", "--json", "-q", cwd=folder)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["plan"] == "p.json"  # stdout is the JSON alone
+    assert "the model file prints this" in result.stderr
+    assert (folder / "p.json").exists() and not (folder / "elsewhere" / "p.json").exists()
+    (folder / "sweep.yaml").write_text("budgets: [100%]\nsolvers: [chen-greedy]\nmodels:\n  - file: chdir.py\n")
+    result = cli("batch", "sweep.yaml", "--out", "results", "-q", cwd=folder)
+    assert result.returncode == 0, result.stderr
+    assert (folder / "results" / "plans" / "chdir__100pct__chen-greedy.json").exists()
+    assert os.listdir(folder / "elsewhere") == []
+
+
 def test_api_save_to_a_path_that_cannot_be_written(tmp_path, plan_data):
     import planner
     from planner.files import WriteError
