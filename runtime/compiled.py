@@ -42,7 +42,7 @@ from profiler.costgraph import LOSS
 from profiler.grouping import is_random
 from solvers.schedule import COMPUTE
 
-from .executor import Executor, apply_mutations
+from .executor import Executor, apply_mutations, check_versions, held_label, placeholder_labels
 from .programs import FIXED, Programs
 
 Value = tuple[str, str]  # (cost-graph node holding it, value name); node FIXED for placeholders
@@ -50,9 +50,12 @@ Value = tuple[str, str]  # (cost-graph node holding it, value name); node FIXED 
 
 @dataclass
 class CarriedState:
-    """What the compiled forward hands to the compiled backward: the values it carries, in order."""
+    """What the compiled forward hands to the compiled backward: the values it carries, in order, and
+    the version counters at the forward's end of the tensors the backward reads (the fixed ones it
+    reads, then the carried ones: CompiledExecutor._watched)."""
 
     carried: list[torch.Tensor]
+    versions: list[int]
 
 
 @dataclass
@@ -272,6 +275,16 @@ class CompiledExecutor:
         self.backward_layouts = [(tuple(v.shape), tuple(v.stride())) for v in backward_inputs]
         self._forward = _compiled(forward_module, forward_inputs, fake_mode, is_backward=False)
         self._backward = _compiled(backward_module, backward_inputs, fake_mode, is_backward=True)
+        # Placeholders the compiled backward reads: their version counters are checked before it runs.
+        backward_placeholders = [n for n in backward.module.graph.nodes if n.op == "placeholder"]
+        read = {key[1] for key, node in zip(backward.inputs, backward_placeholders) if key[0] == FIXED and node.users}
+        labels = placeholder_labels(joint)
+        self.fixed_read_later = [(labels.get(name, f"placeholder {name!r}"), name) for name in self.fixed_names
+                                 if name in read]
+        tangent_count = len(self.programs.nodes[LOSS].values)
+        # The backward's inputs: the fixed values, the carried ones (the forward's last outputs, in
+        # the same order, generator states included), the tangents.
+        self.carried_keys = backward.inputs[len(self.fixed_names) : len(backward.inputs) - tangent_count]
         self.output_count = sum(1 for holder, _ in forward.outputs if holder == "<output>")
         self.mutation_count = len(self.programs.mutations)
         self.compile_seconds = time.perf_counter() - started
@@ -284,10 +297,24 @@ class CompiledExecutor:
         mutated = results[self.output_count : self.output_count + self.mutation_count]
         with torch.no_grad():
             apply_mutations(self.programs.mutations, mutated, fixed, self.keep_before_mutation)
-        return outputs, CarriedState(results[self.output_count + self.mutation_count :])
+        carried = results[self.output_count + self.mutation_count :]
+        return outputs, CarriedState(carried, [tensor._version for _, tensor in self._watched(carried, fixed)])
 
-    def backward(self, state: CarriedState, tangents: list[torch.Tensor], fixed: dict) -> list[torch.Tensor]:
-        carried, state.carried = state.carried, []  # the compiled code's list must be the only reference
+    def _watched(self, carried: list[torch.Tensor], fixed: dict):
+        for what, name in self.fixed_read_later:
+            yield what, fixed[name]
+        for (node, value), tensor in zip(self.carried_keys, carried):
+            yield held_label(node, value), tensor
+
+    def backward(self, state: CarriedState, tangents: list[torch.Tensor], fixed: dict,
+                 keep: bool = False) -> list[torch.Tensor]:
+        """``keep`` (``retain_graph=True``): leave ``state`` as it is for a later backward, which then
+        holds the carried values until the graph is released."""
+        check_versions(self._watched(state.carried, fixed), state.versions)
+        if keep:
+            carried = list(state.carried)
+        else:
+            carried, state.carried = state.carried, []  # the compiled code's list must be the only reference
         arguments = _in_layouts([fixed[name] for name in self.fixed_names] + carried + list(tangents),
                                 self.backward_layouts)
         del carried
