@@ -413,6 +413,13 @@ def _plain(value, depth: int = 0):
     return _UNREAD
 
 
+def _is_settings(value, config_class) -> bool:
+    """Objects that hold a forward's settings: a Hugging Face config, a dataclass instance, a namespace."""
+    if config_class is not None and isinstance(value, config_class):
+        return True
+    return type(value) is types.SimpleNamespace or (dataclasses.is_dataclass(value) and not isinstance(value, type))
+
+
 def _config_class():
     transformers = sys.modules.get("transformers")  # only where the model could hold a config
     return getattr(transformers, "PretrainedConfig", None) if transformers is not None else None
@@ -421,8 +428,8 @@ def _config_class():
 def python_state(root: torch.nn.Module) -> dict[tuple, Any]:
     """What a traced step depends on besides tensors, in comparable form: each module's class,
     ``training`` flag, hook tables (the root's excepted: its hooks run around the planned forward),
-    instance-level ``forward``, plain attributes (and those of a Hugging Face config it holds), and
-    the global module hooks. Cheap enough for every call (a pass over the modules' attributes)."""
+    instance-level ``forward``, plain attributes (and those of a settings object it holds: a Hugging
+    Face config, a dataclass instance, a SimpleNamespace), and the global module hooks. Cheap enough for every call (a pass over the modules' attributes)."""
     from torch.nn.modules import module as nn_module
 
     config_class = _config_class()
@@ -440,10 +447,10 @@ def python_state(root: torch.nn.Module) -> dict[tuple, Any]:
         for name, value in attributes.items():
             if name in _INTERNAL or name == "plan" or name.startswith("_planned"):
                 continue
-            if config_class is not None and isinstance(value, config_class):
+            if _is_settings(value, config_class):
                 if id(value) not in seen_configs:
                     seen_configs.add(id(value))
-                    for key, item in vars(value).items():
+                    for key, item in getattr(value, "__dict__", {}).items():
                         plain = _plain(item)
                         if plain is not _UNREAD:
                             state[("config", path, f"{name}.{key}")] = plain
