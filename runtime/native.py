@@ -29,6 +29,7 @@ sequences) run.
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 import torch
@@ -76,12 +77,12 @@ class SavePolicy:
             return torch_checkpoint.CheckpointPolicy.MUST_SAVE
         return torch_checkpoint.CheckpointPolicy.PREFER_RECOMPUTE
 
-    def contexts(self):
-        return torch_checkpoint.create_selective_checkpoint_contexts(self)
 
 
 def _checkpoint(function, *args, policy: SavePolicy | None = None, **kwargs):
-    options = {} if policy is None else {"context_fn": policy.contexts}
+    # A partial of PyTorch's own function, the form torch.compile recognises as a context_fn.
+    options = {} if policy is None else {
+        "context_fn": functools.partial(torch_checkpoint.create_selective_checkpoint_contexts, policy)}
     return torch_checkpoint.checkpoint(function, *args, use_reentrant=False, preserve_rng_state=True, **options,
                                        **kwargs)
 
@@ -140,6 +141,37 @@ class _RunChildren:
         return input
 
 
+class RecomputedBatchNorm:
+    """A batch norm's ``forward`` inside a checkpointed region: when the checkpoint recomputes it
+    (inside the backward, where autograd's engine runs a graph task), it normalises as the first run
+    did, from the batch's statistics, but updates copies of the running statistics, so that they are
+    updated once per step as without checkpointing. The first run updates them as usual."""
+
+    def __init__(self, module: torch.nn.Module):
+        self.module = module
+
+    def __call__(self, *args, **kwargs):
+        module = self.module
+        original = type(module).forward.__get__(module)
+        if not (module.training and module.track_running_stats) or torch._C._current_graph_task_id() == -1:
+            return original(*args, **kwargs)
+        names = [n for n in ("running_mean", "running_var", "num_batches_tracked") if getattr(module, n) is not None]
+        kept = {n: getattr(module, n) for n in names}
+        try:
+            for name, tensor in kept.items():
+                setattr(module, name, tensor.clone())
+            return original(*args, **kwargs)
+        finally:
+            for name, tensor in kept.items():
+                setattr(module, name, tensor)
+
+
+def _batch_norms(modules) -> list[torch.nn.Module]:
+    from torch.nn.modules.batchnorm import _BatchNorm
+
+    return [m for top in modules for m in top.modules() if isinstance(m, _BatchNorm)]
+
+
 def parse_region(region: str) -> tuple[str, tuple[int, int] | None, str | None]:
     """``(module path, None, policy)`` for a module region, ``(Sequential path, (start, stop),
     policy)`` for a segment; ``policy`` is the name after ``@`` (``"h.3@matmuls"``) or None."""
@@ -185,6 +217,10 @@ def apply_native(model: torch.nn.Module, regions, planned_shapes: dict | None = 
             segments.setdefault(id(module), (module, []))[1].append((*span, policy))
     for module, spans in segments.values():
         module.__dict__["forward"] = SegmentedForward(module, spans)
+    inside = [m for m, span, _ in resolved if span is None]
+    inside += [child for m, span, _ in resolved if span is not None for child in list(m)[span[0]:span[1]]]
+    for norm in _batch_norms(inside):
+        norm.__dict__["forward"] = RecomputedBatchNorm(norm)
     if planned_shapes:
         model.__dict__[_GUARD] = ShapeGuard(tuple((k, tuple(v)) for k, v in planned_shapes.items()))
         model.register_forward_pre_hook(_check_shapes, with_kwargs=True)
@@ -208,7 +244,7 @@ def apply_native_plan(model: torch.nn.Module, plan) -> torch.nn.Module:
 def remove_native(model: torch.nn.Module) -> torch.nn.Module:
     """Undo :func:`apply_native`: every module's forward is its class's again."""
     for module in model.modules():
-        if isinstance(module.__dict__.get("forward"), (CheckpointedForward, SegmentedForward)):
+        if isinstance(module.__dict__.get("forward"), (CheckpointedForward, SegmentedForward, RecomputedBatchNorm)):
             del module.__dict__["forward"]
     # No handle is kept (a RemovableHandle holds a weak reference: torch.save of the model would fail).
     for key, hook in list(model._forward_pre_hooks.items()):

@@ -44,10 +44,10 @@ from .simulate import Simulation, simulate
 
 METHOD = "regions"
 RECOMPUTE = "recompute"
-# Value classes whose nodes a region may not contain: a buffer's new value (recomputing a batch
-# norm would update its running statistics a second time) and the model's outputs and gradients,
-# which the caller and autograd hold whatever the schedule does.
-_UNCHECKPOINTABLE_CLASSES = ("mutation",)
+# A buffer's new value (a batch norm's running statistics). The native executor runs a batch norm's
+# recomputation on copies of its statistics (runtime/native.py), so a region may contain one, but
+# the new values are computed once, by the first run: they get no twin.
+MUTATION = "mutation"
 
 
 def twin(node: Hashable) -> str:
@@ -163,7 +163,8 @@ def region_costs(graph: nx.DiGraph, region: str) -> RegionCosts:
     backward = [v for v in graph.nodes if _backward_within(graph, v, base)]
     read = {p for b in backward for p in graph.predecessors(b)}
     needed = [i for i, v in enumerate(nodes) if v in read and v not in saved_set]
-    recomputed = tuple(v for v in nodes[: needed[-1] + 1] if v not in saved_set) if needed else ()
+    recomputed = tuple(v for v in nodes[: needed[-1] + 1]
+                       if v not in saved_set and graph.nodes[v].get("value_class") != MUTATION) if needed else ()
     inputs = tuple(dict.fromkeys(p for v in nodes for p in graph.predecessors(v) if p not in members))
     trigger = next((b for b in backward if any(p in members for p in graph.predecessors(b))), None)
     seconds = sum(float(graph.nodes[v]["cost"]) for v in recomputed)
@@ -175,7 +176,7 @@ def checkpointable(graph: nx.DiGraph, region: str) -> str | None:
 
     A region must be called once (its forward ops one contiguous run in trace order: a module called
     twice would be checkpointed at both calls, which the graph does not say how to split), and must
-    not produce a buffer's new value (recomputation would apply it twice)."""
+    not compute a model output (the caller holds it: recomputing it saves nothing)."""
     try:
         base, _ = split_policy(region)
     except ValueError as error:
@@ -191,8 +192,8 @@ def checkpointable(graph: nx.DiGraph, region: str) -> str | None:
         return f"module {region!r} is called more than once in the step, or interleaved with other modules"
     for v in nodes:
         data = graph.nodes[v]
-        if data.get("value_class") in _UNCHECKPOINTABLE_CLASSES:
-            return f"module {region!r} updates a buffer (batch norm statistics): recomputing it would update it twice"
+        if data.get("value_class") == MUTATION:
+            continue  # recomputed on copies of the buffers (runtime/native.py): updated once
         if data.get("pinned") or data.get("output"):
             return f"module {region!r} computes a model output, which the caller holds anyway"
     return None

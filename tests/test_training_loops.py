@@ -295,3 +295,18 @@ def test_the_trainer_example_runs(tmp_path):
     )
     assert result.returncode == 0, result.stderr[-2000:]
     assert "checkpointed: transformer." in result.stdout and "eval_loss" in result.stdout, result.stdout
+
+
+def test_batch_norm_inside_a_checkpoint_updates_its_statistics_once():
+    """A recomputed batch norm runs on copies of its running statistics (runtime/native.py): after
+    several steps the buffers equal the unplanned model's, num_batches_tracked included."""
+    from models import cnn
+
+    example = (torch.randn(16, 3, 32, 32, generator=torch.Generator().manual_seed(0)),)
+    plan = planner.plan(cnn(), example, budget="90%", loss_fn=_loss)
+    assert any("[" in r for r in plan.regions), plan.regions  # a segment holding convolutions and norms
+    reference, planned = cnn(), planner.apply(cnn(), plan)
+    batches = [(torch.randn(16, 3, 32, 32, generator=torch.Generator().manual_seed(s)),) for s in range(STEPS)]
+    _assert_same(_train(reference, batches), _train(planned, batches), reference, planned)
+    for (name, a), (_, b) in zip(reference.named_buffers(), planned.named_buffers()):
+        assert torch.equal(a, b), name
