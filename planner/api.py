@@ -82,7 +82,11 @@ def plan(
     checkpointed with torch.utils.checkpoint, its figures measured (see :func:`plan_untraceable`).
     """
     parsed = parse_budget(budget)
+    if model is None and executor is None:
+        executor = "traced"  # planning from a profile alone (sweeps, --max-batch): no model to checkpoint or measure
     executor = _executor(executor, solver)
+    if executor == "native" and model is None:
+        raise SolverError("executor='native' plans a model's modules and measures its step: pass the model")
     if distributed is not None and distributed not in DISTRIBUTED:
         raise SolverError(f"distributed={distributed!r} is not accounted for; accepted: None, "
                           + ", ".join(repr(d) for d in DISTRIBUTED)
