@@ -7,7 +7,8 @@ checkpoint_sequential with sqrt(N) segments); torch.compile with activation_memo
 0.1 (compile time reported apart); our plans with every solver over a sweep of budgets, and our best
 plan at the measured peak of each baseline, run eagerly (ours@...) and as two inductor-compiled
 graphs (ours-compiled@..., planner.apply(..., compile=True); its first step, which compiles, timed
-apart). Peaks are measured by profiler.measure_step (the CPU allocator's events replayed;
+apart); these are traced plans. The native executor's plan (planner.plan's default) at 100% and at
+each baseline's measured peak, eagerly (native@...) and under torch.compile (native-compiled@...). Peaks are measured by profiler.measure_step (the CPU allocator's events replayed;
 max_memory_allocated on CUDA), step times are medians of --rounds timed steps after a warm-up, with
 all methods interleaved round by round because these machines drift; ratios are to no
 checkpointing in the same run, as the ratio of the medians and paired (the median over rounds of
@@ -35,6 +36,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
 
 import planner  # noqa: E402
+from planner.api import profile_for  # noqa: E402
 import profiler  # noqa: E402
 from models import BENCHMARKS, Benchmark  # noqa: E402
 from planner.files import write_atomic  # noqa: E402
@@ -113,8 +115,42 @@ def _plan_row(method: str, kind: str, plan, label: str, planning: float) -> Row:
                grouping=plan.granularity)
 
 
+def _native_rows(bench: Benchmark, base, inputs, rows: dict, modules: dict, with_compiled: bool) -> None:
+    """The native executor (planner.plan's default: torch.utils.checkpoint on the model's own modules)
+    at 100% (nothing to recompute: the eager model itself) and at each baseline's measured peak, on
+    its own copy of the model (it checkpoints in place), run eagerly (native@...) and under
+    torch.compile (native-compiled@...; its first step, which compiles, timed apart)."""
+    profile = profile_for(base, inputs, loss_fn=bench.loss_fn)  # unfused: what eager runs
+    targets = {"100%": "100%"}
+    targets.update({key: rows[key].measured_peak for key, r in list(rows.items()) if r.kind in ("baseline", "compile")})
+    for label, budget in targets.items():
+        key = f"native@{label}"
+        model = _fresh(bench, base)
+        started = time.perf_counter()
+        try:
+            plan = planner.plan(model, inputs, budget=budget, loss_fn=bench.loss_fn, profile=profile)
+        except PLAN_FAILURES as error:
+            rows[key] = _failed_row(key, "native", budget if isinstance(budget, int) else None, label, error)
+            continue
+        rows[key] = _plan_row(key, "native", plan, label, time.perf_counter() - started)
+        rows[key].note = f"{len(plan.regions)} region(s): {', '.join(plan.regions)}"[:120]
+        modules[key] = planner.apply(model, plan)
+        gc.collect()
+        rows[key].measured_peak = profiler.measure_step(model, inputs, loss_fn=bench.loss_fn, repeats=1).peak_bytes
+        if with_compiled and label != "100%":
+            compiled_key = f"native-compiled@{label}"
+            rows[compiled_key] = _plan_row(compiled_key, "native-compiled", plan, label, rows[key].planning_seconds)
+            modules[compiled_key] = torch.compile(model)
+            started = time.perf_counter()
+            training_step(modules[compiled_key], inputs, bench.loss_fn)  # compiles forward and backward
+            rows[compiled_key].compile_seconds = time.perf_counter() - started
+            gc.collect()
+            rows[compiled_key].measured_peak = profiler.measure_step(modules[compiled_key], inputs,
+                                                                     loss_fn=bench.loss_fn, repeats=1).peak_bytes
+
+
 def run_model(name: str, rounds: int, fractions: list[float], solvers: list[str], time_limit: float,
-              with_compile: bool, with_compiled_plans: bool = True) -> dict:
+              with_compile: bool, with_compiled_plans: bool = True, with_native: bool = True) -> dict:
     bench = BENCHMARKS[name]
     torch.manual_seed(0)
     base = bench.build()
@@ -126,7 +162,7 @@ def run_model(name: str, rounds: int, fractions: list[float], solvers: list[str]
     started = time.perf_counter()
     prof = profiler.profile(base, inputs, loss_fn=bench.loss_fn)
     profile_seconds = time.perf_counter() - started
-    unplanned = planner.plan(base, inputs, budget="100%", solver="store-all", profile=prof)
+    unplanned = planner.plan(base, inputs, budget="100%", solver="store-all", profile=prof, executor="traced")
     rows["none"].predicted_peak = unplanned.predicted_peak_bytes
     rows["none"].predicted_seconds = unplanned.predicted_seconds
 
@@ -145,7 +181,7 @@ def run_model(name: str, rounds: int, fractions: list[float], solvers: list[str]
             started = time.perf_counter()
             try:
                 plan = planner.plan(base, inputs, budget=f"{fraction * 100:g}%", solver=solver,
-                                    time_limit=time_limit, profile=prof)
+                                    time_limit=time_limit, profile=prof, executor="traced")
             except PLAN_FAILURES as error:
                 rows[key] = _failed_row(key, "plan", None, f"{fraction:.0%}", error)
                 continue
@@ -164,7 +200,8 @@ def run_model(name: str, rounds: int, fractions: list[float], solvers: list[str]
         budget = rows[key].measured_peak
         started = time.perf_counter()
         try:
-            plan = planner.plan(base, inputs, budget=budget, solver=best_solver, time_limit=time_limit, profile=prof)
+            plan = planner.plan(base, inputs, budget=budget, solver=best_solver, time_limit=time_limit, profile=prof,
+                                executor="traced")
         except PLAN_FAILURES as error:
             rows[match] = _failed_row(match, "matched", budget, key, error)
             continue
@@ -183,6 +220,9 @@ def run_model(name: str, rounds: int, fractions: list[float], solvers: list[str]
             gc.collect()
             rows[compiled].measured_peak = profiler.measure_step(modules[compiled], inputs, loss_fn=bench.loss_fn,
                                                                  repeats=1).peak_bytes
+
+    if with_native:
+        _native_rows(bench, base, inputs, rows, modules, with_compiled_plans)
 
     # Step times: every method once per round, interleaved; the first round warms up.
     for round_index in range(rounds + 1):
@@ -295,6 +335,7 @@ def main(argv=None) -> int:
     parser.add_argument("--solvers", default=",".join(SOLVERS))
     parser.add_argument("--time-limit", type=float, default=60.0)
     parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile baselines")
+    parser.add_argument("--no-native", action="store_true", help="skip the native executor's rows (native@...)")
     parser.add_argument("--no-compiled-plans", action="store_true",
                         help="skip our matched plans run compiled (planner.apply(..., compile=True))")
     parser.add_argument("--out", default=os.path.join(os.path.dirname(HERE), "docs", "benchmarks"))
@@ -309,7 +350,7 @@ def main(argv=None) -> int:
                 result = json.load(file)
         else:
             result = run_model(name, args.rounds, fractions, args.solvers.split(","), args.time_limit,
-                               not args.no_compile, not args.no_compiled_plans)
+                               not args.no_compile, not args.no_compiled_plans, not args.no_native)
         table = markdown(result)
         print(table, flush=True)
         write_atomic(os.path.join(args.out, f"{name}.md"), table)
