@@ -17,6 +17,7 @@ the prediction is an estimate of eager checkpointing, usually a little above it.
 from __future__ import annotations
 
 import time
+import warnings
 from dataclasses import dataclass, field, replace
 
 import networkx as nx
@@ -35,7 +36,7 @@ from solvers.schedule import SolverInfo
 
 from .budget import Budget, format_bytes
 from .planfile import FORMAT as PLAN_FORMAT
-from .planfile import Plan, PlanFileError, _list, _text, _whole
+from .planfile import Plan, PlanFileError, PlanWarning, _list, _text, _whole
 
 NATIVE_FORMAT = "plan-checkpoints/native/1"
 METHOD = "regions"
@@ -235,8 +236,27 @@ def plan_native(model: torch.nn.Module, example_inputs, budget: Budget, loss_fn=
             "executor='traced'", min_budget=measured.peak_bytes, method=METHOD)
     plan = _native_plan(model, profile, solved, held, budget, budget_bytes, unplanned_peak,
                         unplanned.outcome.compute_cost, measured, solving)
+    _check_times(plan)
     plan.input_shapes = input_shapes(*normalise_inputs(example_inputs))
     return plan
+
+
+SLOW_FAST = 0.2  # a measured step this far from the predicted one is worth a warning
+
+
+def _check_times(plan: NativePlan) -> None:
+    """Warn when the measured step and the predicted one disagree by more than :data:`SLOW_FAST`:
+    the op times were measured under a different load (or the model does more than its trace),
+    so the plan's choice between equally small plans may not be the fastest."""
+    if plan.measured_seconds is None or plan.predicted_seconds <= 0:
+        return
+    ratio = plan.measured_seconds / plan.predicted_seconds
+    if abs(ratio - 1) > SLOW_FAST:
+        warnings.warn(
+            f"the measured step took {plan.measured_seconds * 1000:.0f} ms against {plan.predicted_seconds * 1000:.0f} ms "
+            f"predicted from the profiled op times ({ratio - 1:+.0%}): the machine's load changed between profiling "
+            "and measuring, or the step runs more than its trace; the plan fits its budget either way (its peak was "
+            "measured), but its time figures are unreliable", PlanWarning, stacklevel=3)
 
 
 def _native_plan(model, profile, solved: RegionPlan, held: int, budget: Budget, budget_bytes: int,

@@ -459,6 +459,7 @@ def plan_regions(graph: nx.DiGraph, budget_bytes: int, candidates: Sequence[str]
 
     if fits(()):
         return evaluate(graph, ())
+    base_cost = run(())[1]
     best: list[str] | None = None
     least = run(())[0]
     for chosen in starts:
@@ -467,7 +468,7 @@ def plan_regions(graph: nx.DiGraph, budget_bytes: int, candidates: Sequence[str]
             continue
         relaxed = _relax(chosen, candidates, fits, out_of_time)
         relaxed = _with_policies(relaxed, policies or (), fits)
-        if best is None or run(relaxed)[1] < run(best)[1]:
+        if best is None or _rank(run(relaxed)[1], relaxed, base_cost) < _rank(run(best)[1], best, base_cost):
             best = relaxed
         if out_of_time():
             break
@@ -476,6 +477,16 @@ def plan_regions(graph: nx.DiGraph, budget_bytes: int, candidates: Sequence[str]
             f"no set of checkpointed modules fits {budget_bytes} bytes of activations; the least found holds "
             f"{least}", min_budget=least, method=METHOD)
     return evaluate(graph, [c for c in candidates if c in set(best)])
+
+
+# Plans whose predicted steps differ by less than this fraction of the un-checkpointed step are taken
+# as equal and the fewer regions win (then the names): measured op times vary with the machine's
+# load, and the same model planned twice should get the same plan.
+TIE = 0.005
+
+
+def _rank(cost: float, regions: Sequence[str], base_cost: float) -> tuple:
+    return (round(cost / (base_cost * TIE)) if base_cost > 0 else cost, len(regions), sorted(regions))
 
 
 def _with_policies(chosen: list[str], policies: Sequence[str], fits) -> list[str]:
