@@ -68,9 +68,14 @@ class InlineExecutor(Executor):
         return future
 
 
+POOL_USED = False  # worker processes were started (planner/cli.py then lets the interpreter exit normally)
+
+
 def _pool(jobs: int) -> Executor:
+    global POOL_USED
     if jobs == 1:
         return InlineExecutor()
+    POOL_USED = True
     # forkserver: workers fork from a clean process that has imported torch once; never from this
     # one (forking a process that may hold threads is unsafe, spawning re-imports torch per worker).
     context = multiprocessing.get_context("forkserver")
@@ -172,8 +177,24 @@ def execute(state: SweepState, todo: list[Run], jobs: int, cache_dir: str | None
                         to_profile.appendleft(task.model)
                 in_flight.clear()
                 executor = _pool(jobs)
+    except KeyboardInterrupt:  # Ctrl-C: the runs in progress are abandoned, unrecorded
+        _stop_workers(executor)
+        in_flight.clear()
+        raise
     finally:
         executor.shutdown(wait=not in_flight, cancel_futures=True)
+
+
+def _stop_workers(executor: Executor) -> None:
+    """Stop the workers' tasks now: they ignore SIGINT (a Ctrl-C goes to the whole process group, and
+    the sweep decides), and would finish their solves first. SIGTERM makes a worker's running task
+    raise KeyboardInterrupt (sweeptasks.worker_setup); the pool's shutdown then ends every worker
+    cleanly, its queues and semaphores released."""
+    for process in list((getattr(executor, "_processes", None) or {}).values()):  # none for --jobs 1
+        try:
+            process.terminate()
+        except (OSError, ValueError, AttributeError):
+            pass
 
 
 def _worker_died(error: BaseException) -> str | None:

@@ -302,7 +302,9 @@ def main(argv: list[str] | None = None) -> int:
     with warnings.catch_warnings():
         warnings.showwarning = _one_line_warnings(warnings.showwarning)
         code = _main(argv)
-    if code == EXIT_INTERRUPTED and argv is None:  # the command itself (not a call from Python)
+    batch = sys.modules.get("planner.batch")
+    pooled = getattr(batch, "POOL_USED", False)  # --jobs N: the solves ran in worker processes, now ended
+    if code == EXIT_INTERRUPTED and argv is None and not pooled:  # the command itself, not a call from Python
         _exit_now(code)
     return code
 
@@ -400,6 +402,9 @@ def _main(argv: list[str] | None = None) -> int:
             return show_main(argv[1:])
         return run_plan(argv)
     except KeyboardInterrupt:
+        if argv and argv[0] == "batch":
+            return _report("interrupted (Ctrl-C); finished runs are recorded, the runs in progress are not: run the "
+                           "same command again to finish the sweep", EXIT_INTERRUPTED, as_json)
         return _report("interrupted (Ctrl-C); nothing was written", EXIT_INTERRUPTED, as_json)
     except BrokenPipeError:  # stdout closed early (``| head``): stop quietly, as other tools do
         try:

@@ -7,6 +7,7 @@ cost graph and the few facts a Plan records about the traced step, not the trace
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from dataclasses import dataclass
@@ -94,7 +95,30 @@ def load_model(spec: ModelSpec, device: str | None):
                            inputs_kwargs=spec.inputs_kwargs, loss_fn=spec.loss_fn, loss_kwargs=spec.loss_kwargs)
 
 
+_BUSY = False  # a task is running in this (worker) process
+
+
+def _interrupted(signum, frame) -> None:
+    if _BUSY:  # the task unwinds (a CP-SAT solve stops) and fails; the pool's shutdown then ends this worker
+        raise KeyboardInterrupt
+    # idle, maybe inside the task queue's read: nothing to stop; the shutdown's sentinel ends it
+
+
+def _busy(function):
+    @functools.wraps(function)
+    def task(*args, **kwargs):
+        global _BUSY
+        _BUSY = True
+        try:
+            return function(*args, **kwargs)
+        finally:
+            _BUSY = False
+
+    return task
+
+
 # -- the two tasks ------------------------------------------------------------------------------------
+@_busy
 def profile_model(spec: ModelSpec, device: str | None, cache_dir: str | None) -> Profiled:
     """Load and profile one model (the op times from ``cache_dir`` when it was measured before)."""
     import profiler
@@ -120,6 +144,7 @@ def profile_model(spec: ModelSpec, device: str | None, cache_dir: str | None) ->
     )
 
 
+@_busy
 def solve_run(run: Run, profiled: Profiled) -> Outcome:
     """Plan one budget x solver on a profiled model; failures become an Outcome, never an exception."""
     from .api import BudgetInfeasible, plan
@@ -167,7 +192,8 @@ def failed_profile(error: BaseException | str) -> Outcome:
 
 
 def worker_setup(threads: int, sweep_pid: int) -> None:
-    """In each worker process: share the cores between the jobs, leave Ctrl-C to the sweep, and exit
+    """In each worker process: share the cores between the jobs, leave Ctrl-C to the sweep (which
+    stops its workers with SIGTERM, raised here as KeyboardInterrupt so that a solve unwinds), and exit
     when the sweep's process is gone. (Workers are children of the forkserver, not of the sweep, and
     an idle one would otherwise wait on its task queue for ever after the sweep is killed.)"""
     import signal
@@ -177,6 +203,7 @@ def worker_setup(threads: int, sweep_pid: int) -> None:
 
     torch.set_num_threads(max(1, threads))
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, _interrupted)  # the sweep was interrupted: stop this task, unwinding
     threading.Thread(target=_exit_with, args=(sweep_pid,), daemon=True, name="exit-with-sweep").start()
 
 

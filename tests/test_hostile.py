@@ -656,13 +656,16 @@ def test_ctrl_c_exits_130_and_writes_nothing(folder, phase):
     assert seconds < 15  # the solve stops when asked, not at its time limit
 
 
-def test_ctrl_c_in_a_sweep_keeps_the_cut_short_run_undone(folder):
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_ctrl_c_in_a_sweep_keeps_the_cut_short_run_undone(folder, jobs):
     (folder / "slow.py").write_text(WIDE)
     (folder / "sweep.yaml").write_text("budgets: [100%, 40%]\nsolvers: [cpsat]\ntime_limit: 60\nmodels:\n  - file: slow.py\n")
-    process, stderr, seconds = _interrupt_when(["batch", "sweep.yaml", "--out", "results"], folder,
-                                               "Solving slow at 40% with cpsat")
+    process, stderr, seconds = _interrupt_when(["batch", "sweep.yaml", "--out", "results", "--jobs", str(jobs)], folder,
+                                               "[1/2 done]")
     assert process.returncode == EXIT_INTERRUPTED, stderr
-    assert "Traceback" not in stderr and seconds < 15
+    assert "Traceback" not in stderr and seconds < 15  # the workers' solves stop too (they ignore SIGINT)
+    assert error_lines(stderr) == ["plan-checkpoints: error: interrupted (Ctrl-C); finished runs are recorded, the "
+                                   "runs in progress are not: run the same command again to finish the sweep"], stderr
     runs = sorted(os.listdir(folder / "results" / "runs"))
     assert runs == ["slow__100pct__cpsat.json"]  # the finished run is kept, the interrupted one is not
     assert not [name for name in os.listdir(folder / "results" / "plans") if name.startswith(".tmp-")]
