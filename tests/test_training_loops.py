@@ -310,3 +310,13 @@ def test_batch_norm_inside_a_checkpoint_updates_its_statistics_once():
     _assert_same(_train(reference, batches), _train(planned, batches), reference, planned)
     for (name, a), (_, b) in zip(reference.named_buffers(), planned.named_buffers()):
         assert torch.equal(a, b), name
+
+
+def test_the_predicted_step_time_is_coarsely_the_measured_one():
+    """The plan's predicted step (the profiled op times summed over its schedule) against the step it
+    measured: within a factor of 3 either way, coarse enough for a loaded 2-core machine, tight
+    enough to catch a unit error or an op counted twice."""
+    model = mlp(width=256, depth=8, dropout=0.1)
+    plan = planner.plan(model, (torch.randn(512, 256),), budget="70%", loss_fn=_loss)
+    assert plan.measured_seconds is not None and plan.predicted_seconds > 0
+    assert 1 / 3 < plan.measured_seconds / plan.predicted_seconds < 3, (plan.measured_seconds, plan.predicted_seconds)
