@@ -827,3 +827,51 @@ def test_fuzz_plan_files(tmp_path, plan_data):
         assert sorted(os.listdir(tmp_path)) == ["plan.json"]
 
     one()
+
+
+SWEEP = {"budgets": ["100%", "60%"], "solvers": ["dp", "chen-greedy"], "time_limit": 5, "granularity": "module",
+         "device": "cpu",
+         "models": [{"file": "model.py", "name": "m", "model_fn": "build_model", "inputs_fn": "example_inputs",
+                     "loss_fn": "loss_fn", "model_kwargs": {"a": 1}, "inputs_kwargs": {}, "loss_kwargs": {},
+                     "budgets": ["50%"], "solvers": "dp", "time_limit": 3, "granularity": "op"}]}
+SWEEP_JUNK = [None, True, -1, 0, 2**70, 1e30, float("nan"), float("inf"), "", "x", "../../nowhere.py", "/dev/zero",
+              ".", [], {}, [1, "x"], {"a": 1}, {1: 2}, {"": 1}, "module:0", "12XB", "cuda:99", "a" * 300,
+              ["60%", "60%"], 3.5, "0%", "1e400"]
+
+
+def test_fuzz_sweep_files(tmp_path):
+    """A sweep file with values replaced or keys removed anywhere: it loads, or it is refused with a
+    ConfigError naming the file; never another exception (checked without running the sweep)."""
+    import yaml
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    from planner.sweepconfig import ConfigError, load_sweep
+
+    (tmp_path / "model.py").write_text(TINY)
+    paths = [path for path, _ in _paths(SWEEP) if path]
+    config = tmp_path / "sweep.yaml"
+
+    @settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(st.lists(st.tuples(st.sampled_from(paths), st.sampled_from(SWEEP_JUNK), st.booleans()), min_size=1, max_size=3))
+    def one(changes):
+        data = json.loads(json.dumps(SWEEP))
+        for where, junk, remove in changes:
+            parent = data
+            try:
+                for key in where[:-1]:
+                    parent = parent[key]
+                if remove and isinstance(parent, dict):
+                    parent.pop(where[-1], None)
+                else:
+                    parent[where[-1]] = junk
+            except (KeyError, IndexError, TypeError):  # an earlier change removed the way there
+                pass
+        config.write_text(yaml.safe_dump(data))
+        try:
+            load_sweep(str(config))
+        except ConfigError as error:
+            assert str(error).startswith(str(config)) or "sweep file" in str(error), error
+            assert "\n" not in str(error)
+
+    one()
