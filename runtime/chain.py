@@ -8,9 +8,9 @@ only the block's inputs and recomputes the block in the backward, replaying its 
 gradients equal the original's. Eager PyTorch runs everything, so any control flow works.
 
 ``apply_module_chain`` returns a copy of the model's module tree (runtime.module.copy_module_tree)
-that shares every parameter and buffer tensor with it but no module: each module of the copy has
-its own ``training`` flag, hook tables and tables of children, parameters and buffers, so a hook on
-the copy never fires on the original and ``planned.eval()`` leaves the original in training mode.
+that shares every module's tables of parameters and buffers with it but no module: each module of
+the copy has its own ``training`` flag, hook tables and table of children, so a hook on the copy
+never fires on the original and ``planned.eval()`` leaves the original in training mode.
 Each checkpointed block's class in the copy derives from its own with a checkpointing ``forward``:
 the original model is not modified.
 
@@ -144,7 +144,7 @@ def _check_shapes(module: torch.nn.Module, args: tuple, kwargs: dict):
 
 
 def checkpoint_blocks(model: torch.nn.Module, paths: Iterable[str]) -> torch.nn.Module:
-    """A copy of ``model``'s module tree (sharing its parameters and buffers) whose submodules at
+    """A copy of ``model``'s module tree (sharing its parameter and buffer tables) whose submodules at
     ``paths`` run under torch.utils.checkpoint in training (no checks: planner/fallback.py measures
     candidates with it)."""
     planned, _ = copy_module_tree(model)

@@ -3,13 +3,14 @@
 ``apply(model, plan)`` returns a copy of ``model``'s module tree whose root's class derives from the
 model's own class. What it shares with ``model``, and what it does not:
 
-- shared: the parameter and buffer tensors (the same objects, so optimizers, ``load_state_dict``
-  and in-place updates such as BatchNorm's statistics reach both) and every other attribute value
-  (a Hugging Face ``config`` object is the same object);
-- its own: every module of the tree is a new object with its own ``training`` flag, hook tables,
-  table of children and tables of parameters and buffers. So ``fast.eval()`` leaves ``model`` in
-  training mode, a hook registered on ``fast`` or one of its submodules never fires on ``model``
-  (and the reverse), and replacing a child of one leaves the other's as it was. A hook
+- shared: each module's tables of parameters and buffers (the same dicts holding the same tensors,
+  so optimizers, ``load_state_dict``, in-place updates such as BatchNorm's statistics, a parameter
+  reassigned and ``model.to(...)``'s new buffers reach both) and every other attribute value (a
+  Hugging Face ``config`` object is the same object);
+- its own: every module of the tree is a new object with its own ``training`` flag, hook tables
+  and table of children. So ``fast.eval()`` leaves ``model`` in training mode, a hook registered on
+  ``fast`` or one of its submodules never fires on ``model`` (and the reverse), and replacing a
+  child module of one leaves the other's as it was (train the one you replaced it in). A hook
   registered on ``model`` before ``apply`` is in both tables (its handle removes it from
   ``model``'s only).
 
@@ -43,6 +44,7 @@ import copy
 import dataclasses
 import enum
 import functools
+import random
 import sys
 import types
 from typing import Any
@@ -57,7 +59,7 @@ from profiler.fusions import recompute_log_probs
 from profiler.inputs import InputMismatch, input_layout
 from profiler.measure import OpTimes
 from profiler.api import choose_grouping
-from profiler.state import cuda_devices
+from profiler.state import cuda_devices, preserved_state
 
 from solvers import simulate
 
@@ -305,7 +307,9 @@ def _bind(model: torch.nn.Module, plan, args: tuple, kwargs: dict, compiled: boo
                 "Plans are made for fixed shapes: re-plan for these inputs, " + _NATIVE_HINT + "."
             )
     loss = LossInfo(0.0, tuple(plan.tangent_outputs), tuple(plan.tangent_specs))
+    random_before, state_before = _python_rng_states(), python_state(model)
     joint, _ = capture(model, args, kwargs, loss=loss)
+    _check_python_effects(model, args, kwargs, random_before, state_before)
     planned_graph = getattr(plan, "graph", None)
     if planned_graph is not None and planned_graph.graph.get(LOG_PROBS_RECOMPUTED):
         # Without such a loss the rewrite finds nothing and the fingerprints below disagree.
@@ -332,6 +336,46 @@ def _bind(model: torch.nn.Module, plan, args: tuple, kwargs: dict, compiled: boo
     if compiled:
         executor = CompiledExecutor(executor, joint)
     return _Bound(model, joint, executor)
+
+
+def _python_rng_states() -> tuple:
+    """Python's and (where imported) NumPy's global generator states, comparable with ==."""
+    states = [random.getstate()]
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        kind, keys, position, has_gauss, gauss = numpy.random.get_state()
+        states.append((kind, keys.tobytes(), position, has_gauss, gauss))
+    return tuple(states)
+
+
+def _check_python_effects(model: torch.nn.Module, args: tuple, kwargs: dict, random_before: tuple,
+                          state_before: dict) -> None:
+    """Refuse a forward whose Python code does something at every call that a replayed trace cannot:
+    draw from Python's or NumPy's generator (a layer drop on ``random.random()``: the trace took one
+    path and would take it at every step), or change a plain attribute (a step counter a schedule
+    reads). A change made once, by a first call (a lazily set flag), is told from one made at every
+    call by a second, eager forward without grad, its effects on the RNG and buffers undone."""
+    if _python_rng_states() != random_before:
+        raise PlanMismatch(
+            "the model's forward draws from Python's random module or NumPy's global generator (a layer drop, a "
+            "random depth): the traced step would take the path of the one call it traced at every step. "
+            f"Plan it {_NATIVE_HINT.removeprefix('or ')}."
+        )
+    after_trace = python_state(model)
+    changed = [k for k in after_trace.keys() | state_before.keys()
+               if k[0] in ("attr", "config") and after_trace.get(k, _UNREAD) != state_before.get(k, _UNREAD)]
+    if not changed:
+        return
+    original = type(model)._planned_original.forward
+    with torch.no_grad(), preserved_state(model, cuda_devices([*model.parameters()])):
+        original(model, *args, **kwargs)
+    reason = _drift_reason(after_trace, python_state(model), "before the call")
+    if reason is not None:
+        raise PlanMismatch(
+            f"the model's forward changes its Python state at every call: after a second call, {reason}. The traced "
+            "step does not run the forward's Python code, so it would neither change it nor compute with its new "
+            f"value. Plan it {_NATIVE_HINT.removeprefix('or ')}."
+        )
 
 
 class _Ref:
@@ -475,9 +519,19 @@ def _shown(plain) -> str:
 
 def check_drift(traced: dict[tuple, Any], now: dict[tuple, Any]) -> None:
     """Refuse (PlanMismatch) when the Python state the step was traced with has changed."""
+    reason = _drift_reason(traced, now, "when the step was traced")
+    if reason is not None:
+        raise PlanMismatch(
+            f"the planned module has changed since its step was traced: {reason}. Make a new plan for the model as "
+            f"it is now (planner.plan, then planner.apply), {_NATIVE_HINT}."
+        )
+
+
+def _drift_reason(traced: dict[tuple, Any], now: dict[tuple, Any], then: str) -> str | None:
+    """What differs first between two :func:`python_state` snapshots, in words; ``then`` says when
+    the first was taken ("when the step was traced")."""
     if traced == now:
-        return
-    reason = None
+        return None
     for key in [*traced, *(k for k in now if k not in traced)]:
         before, after = traced.get(key, _UNREAD), now.get(key, _UNREAD)
         if before == after:
@@ -485,40 +539,32 @@ def check_drift(traced: dict[tuple, Any], now: dict[tuple, Any]) -> None:
         kind, path = key[0], key[1] if len(key) > 1 else ""
         if kind == "class":
             if before is _UNREAD:
-                reason = f"{_where(path)} was added"
-            elif after is _UNREAD:
-                reason = f"{_where(path)} was removed"
-            else:
-                reason = f"{_where(path)} is a {after.__name__} now, a {before.__name__} when the step was traced"
-        elif before is _UNREAD or after is _UNREAD:
+                return f"{_where(path)} was added"
+            if after is _UNREAD:
+                return f"{_where(path)} was removed"
+            return f"{_where(path)} is a {after.__name__} now, a {before.__name__} {then}"
+        if before is _UNREAD or after is _UNREAD:
             if kind in ("training", "hooks", "forward"):
                 continue  # a module added or removed: its ("class", path) entry says so
             what = f"{path}.{key[2]}" if path else key[2]
-            reason = (f"attribute {what!r} was {'added' if before is _UNREAD else 'removed'}"
-                      f"{'' if before is _UNREAD else f' (it was {_shown(before)})'}")
-        elif kind == "training":
+            return (f"attribute {what!r} was {'added' if before is _UNREAD else 'removed'}"
+                    f"{'' if before is _UNREAD else f' (it was {_shown(before)})'}")
+        if kind == "training":
             mode = {True: "training", False: "eval"}
-            reason = (f"{_where(path)} is in {mode[after]} mode now and was in {mode[before]} mode when the step was "
-                      "traced (the traced step keeps that mode's dropout and BatchNorm behaviour)")
-        elif kind == "hooks":
-            reason = (f"hooks were added to or removed from {_where(path)} after the step was traced: the traced "
-                      "step never calls a submodule's hooks (their ops ran once, when it was traced)")
-        elif kind == "forward":
-            reason = f"{_where(path)} has another instance-level forward than when the step was traced"
-        elif kind == "global hooks":
-            reason = ("global module hooks (torch.nn.modules.module.register_module_forward_hook and friends) were "
-                      "added or removed after the step was traced: the traced step never calls them")
-        else:
-            what = f"{path}.{key[2]}" if path else key[2]
-            reason = (f"attribute {what!r} is {_shown(after)} now and was {_shown(before)} when the step was traced "
-                      "(the traced step computes with what the forward read then)")
-        break
-    if reason is None:
-        return
-    raise PlanMismatch(
-        f"the planned module has changed since its step was traced: {reason}. Make a new plan for the model as it "
-        f"is now (planner.plan, then planner.apply), {_NATIVE_HINT}."
-    )
+            return (f"{_where(path)} is in {mode[after]} mode now and was in {mode[before]} mode {then} "
+                    "(the traced step keeps that mode's dropout and BatchNorm behaviour)")
+        if kind == "hooks":
+            return (f"hooks were added to or removed from {_where(path)} after the step was traced: the traced "
+                    "step never calls a submodule's hooks (their ops ran once, when it was traced)")
+        if kind == "forward":
+            return f"{_where(path)} has another instance-level forward than {then}"
+        if kind == "global hooks":
+            return ("global module hooks (torch.nn.modules.module.register_module_forward_hook and friends) were "
+                    "added or removed after the step was traced: the traced step never calls them")
+        what = f"{path}.{key[2]}" if path else key[2]
+        return (f"attribute {what!r} is {_shown(after)} now and was {_shown(before)} {then} "
+                "(the traced step computes with what the forward read then)")
+    return None
 
 
 def _planned_forward(self, *args, **kwargs):
@@ -633,11 +679,14 @@ def _planned_class(cls: type) -> type:
     )
 
 
+# The tables a copied module shares with its original: its parameters and buffers are the model's.
+_SHARED_TABLES = frozenset({"_parameters", "_buffers", "_non_persistent_buffers_set"})
+
+
 def copy_module_tree(model: torch.nn.Module) -> tuple[torch.nn.Module, dict[int, torch.nn.Module]]:
-    """A copy of ``model``'s module tree sharing its parameter and buffer tensors (and every other
-    attribute value) but no module: each module is a new object with its own ``training`` flag,
-    hook tables, table of children and tables of parameters and buffers. Returns the copy and
-    ``id(original module) -> its copy``.
+    """A copy of ``model``'s module tree sharing its tables of parameters and buffers (and every
+    other attribute value) but no module: each module is a new object with its own ``training``
+    flag, hook tables and table of children. Returns the copy and ``id(original module) -> its copy``.
 
     References to modules of the tree held outside the tables (a module stored as a plain attribute,
     a bound method or an instance-level ``forward`` wrapping one, e.g. the native executor's) are
@@ -650,7 +699,7 @@ def copy_module_tree(model: torch.nn.Module) -> tuple[torch.nn.Module, dict[int,
         clone = object.__new__(type(module))
         memo[id(module)] = clone
         state = dict(module.__dict__)
-        for key in _MODULE_TABLES & state.keys():
+        for key in (_MODULE_TABLES - _SHARED_TABLES) & state.keys():
             state[key] = type(state[key])(state[key])  # its own table, the same entries
         state["_modules"] = {name: None if child is None else copy_one(child)
                              for name, child in module._modules.items()}

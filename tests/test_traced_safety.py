@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import io
+import random
 import types
 import warnings
 
@@ -269,6 +270,49 @@ def test_hooks_on_the_planned_module_itself_run_at_every_step(scaled_plan):
         assert torch.equal(a, b)
 
 
+class PythonEffects(nn.Module):
+    """A forward with Python side effects: ``mode`` "layer drop" skips a layer on random.random(),
+    "counter" counts its calls and scales by it, "lazy" sets a flag at its first call only."""
+
+    def __init__(self, mode: str):
+        super().__init__()
+        torch.manual_seed(0)
+        self.mode, self.calls, self.ready = mode, 0, False
+        self.first, self.second = nn.Sequential(nn.Linear(WIDTH, WIDTH), nn.Dropout(0.3)), nn.Linear(WIDTH, 4)
+
+    def forward(self, x):
+        h = self.first(x)
+        if self.mode == "layer drop" and random.random() < 0.5:
+            h = h * 0
+        if self.mode == "counter":
+            self.calls += 1
+            h = h * (1 + 0.1 * min(self.calls, 5))  # a warm-up read from the counter
+        if self.mode == "lazy" and not self.ready:
+            self.ready = True
+        return self.second(h)
+
+
+@pytest.mark.parametrize("mode, phrase", [
+    ("layer drop", r"draws from Python's random module.*path of the one call it traced.*native executor"),
+    ("counter", r"changes its Python state at every call: after a second call, attribute 'calls' is \d+ now and "
+                r"was \d+ before the call.*native executor"),
+])
+def test_a_forward_with_python_effects_at_every_call_is_refused(mode, phrase):
+    plan = planner.plan(PythonEffects(mode), _batch(), budget="100%", solver="store-all", loss_fn=_loss)
+    planned = planner.apply(PythonEffects(mode), plan)
+    with pytest.raises(PlanMismatch, match=phrase):
+        _plain_step(planned, 0)
+
+
+def test_a_flag_a_first_call_sets_once_is_not_a_refusal():
+    plan = _recomputing(planner.plan(PythonEffects("lazy"), _batch(), budget="100%", solver="store-all",
+                                     loss_fn=_loss))
+    reference, planned = _pair(plan, build=lambda: PythonEffects("lazy"))
+    assert not planned.ready
+    _assert_same(_train(reference, _plain_step), _train(planned, _plain_step), reference, planned)
+    assert planned.ready
+
+
 # -- 3. tensors changed in place between the forward and the backward ---------------------------------------------
 def _refuses_like_eager(model, planned, change):
     """``change(model, inputs, output)`` between the forward and the backward: eager autograd
@@ -395,6 +439,8 @@ def test_hooks_and_train_eval_are_the_planned_modules_own(gelu_plan):
         assert torch.equal(planned(*_batch()), model.eval()(*_batch()))
     assert fired == ["planned[0]", "planned"]
     assert all(a is b for a, b in zip(model.parameters(), planned.parameters()))
+    model[3].bias = nn.Parameter(torch.zeros(WIDTH))  # the parameter tables are shared: reassigned in both
+    assert planned[3].bias is model[3].bias
     first = model[0]
     planned[0] = nn.Linear(WIDTH, WIDTH)  # replacing a child of the copy leaves the model's
     assert model[0] is first and planned[0].weight is not first.weight
