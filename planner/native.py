@@ -178,12 +178,17 @@ def solve_native(profile: "profiler.Profile", model: torch.nn.Module, budget_byt
 
 
 def measure_native(model: torch.nn.Module, regions, example_inputs, loss_fn, repeats: int = 1):
-    """One training step of ``model`` with ``regions`` checkpointed, measured, then undone."""
+    """One training step of ``model`` with ``regions`` checkpointed, measured, then undone. The
+    parameters' ``.grad`` are left as they were: a planning step's gradients would otherwise be
+    added to the user's first real step's (RNG and buffers are restored by measure_step)."""
+    grads = {p: p.grad for p in model.parameters()}
     try:
         apply_native(model, regions)
         return measure_step(model, example_inputs, loss_fn=loss_fn, repeats=repeats)
     finally:
         remove_native(model)
+        for parameter, grad in grads.items():
+            parameter.grad = grad
 
 
 def plan_native(model: torch.nn.Module, example_inputs, budget: Budget, loss_fn=None,

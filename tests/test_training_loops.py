@@ -84,6 +84,21 @@ def test_native_is_the_default_and_returns_the_model_itself(mlp_plan):
     assert native_regions(model) == [] and "forward" not in model.__dict__
 
 
+def test_planning_leaves_the_model_as_it_was():
+    """Planning measures a step: its gradients, RNG draws and buffer updates must not leak into the
+    user's first step (a loop that zeroes gradients after the step would add them)."""
+    model = mlp(width=64, depth=6, dropout=0.2)
+    model[0].weight.grad = torch.ones_like(model[0].weight)
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    rng = torch.get_rng_state()
+    planner.plan(model, _inputs(), budget="70%", loss_fn=_loss)
+    assert torch.equal(model[0].weight.grad, torch.ones_like(model[0].weight))
+    assert all(p.grad is None for name, p in model.named_parameters() if name != "0.weight")
+    assert all(torch.equal(state[k], v) for k, v in model.state_dict().items())
+    assert torch.equal(rng, torch.get_rng_state())
+    assert "forward" not in model.__dict__ and not native_regions(model)
+
+
 def test_measured_peak_within_the_budget_and_near_the_prediction(mlp_plan):
     model = planner.apply(mlp(width=64, depth=6, dropout=0.2), mlp_plan)
     measured = profiler.measure_step(model, _inputs(), loss_fn=_loss, repeats=1)
