@@ -26,7 +26,6 @@ import torch
 import profiler
 from profiler.costgraph import fingerprint as graph_fingerprint
 from profiler.inputs import normalise_inputs
-from profiler.memory import measure_step
 from profiler.state import cuda_devices, rng_state_bytes
 from runtime.chain import module_fingerprint
 from runtime.native import apply_native, input_shapes, remove_native
@@ -181,14 +180,13 @@ def measure_native(model: torch.nn.Module, regions, example_inputs, loss_fn, rep
     """One training step of ``model`` with ``regions`` checkpointed, measured, then undone. The
     parameters' ``.grad`` are left as they were: a planning step's gradients would otherwise be
     added to the user's first real step's (RNG and buffers are restored by measure_step)."""
-    grads = {p: p.grad for p in model.parameters()}
+    from .fallback import _measure  # measure_step, the parameters' .grad restored
+
     try:
         apply_native(model, regions)
-        return measure_step(model, example_inputs, loss_fn=loss_fn, repeats=repeats)
+        return _measure(model, example_inputs, loss_fn, repeats)
     finally:
         remove_native(model)
-        for parameter, grad in grads.items():
-            parameter.grad = grad
 
 
 def plan_native(model: torch.nn.Module, example_inputs, budget: Budget, loss_fn=None,
