@@ -38,7 +38,7 @@ def _cases():
         ("bundled GPT-2", (example_gpt2.build_model, example_gpt2.example_inputs, example_gpt2.loss_fn),
          ["60%", "45%"], []),
         ("3-layer GPT-2, width 128", small_gpt2, ["70%"],
-         [["transformer.h.0", "transformer.h.1"], ["transformer.h.0@matmuls", "transformer.h.1@matmuls"],
+         [[], ["transformer.h.0", "transformer.h.1"], ["transformer.h.0@matmuls", "transformer.h.1@matmuls"],
           ["transformer.h.2"], ["transformer.h.2.mlp"]]),
         ("MLP width 64, depth 6, batch 256", (lambda: mlp(width=64, depth=6, dropout=0.2),
                                                lambda: (torch.randn(256, 64, generator=torch.Generator().manual_seed(0)),),
@@ -63,7 +63,7 @@ def run() -> list[tuple]:
             budget_bytes = planner.parse_budget(budget).resolve(unplanned)
             solved, _ = solve_native(profile, model, budget_bytes)
             chosen.append((f"search at {budget}", list(solved.regions)))
-        chosen += [(" + ".join(regions), regions) for regions in region_sets]
+        chosen += [(" + ".join(regions) or "no checkpointing", regions) for regions in region_sets]
         for label, regions in chosen:
             predicted = fixed + evaluate(graph, regions).outcome.peak_bytes + len(regions) * rng_state_bytes([])
             measured = measure_native(model, regions, inputs, loss_fn).peak_bytes
