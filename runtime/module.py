@@ -24,9 +24,12 @@ first training call). Every training call checks that nothing it depends on has 
 refuses (:class:`PlanMismatch`) rather than run a step that is no longer the model's: submodules
 replaced or of another class, their ``training`` flags, hooks added to or removed from any submodule
 (or globally), plain Python attributes of every module (numbers, flags, strings, and those of a
-Hugging Face ``config``) that the forward may read, an instance-level ``forward``. A plan that carries
-its profile (an in-memory plan) is also compared op by op with the model's own trace, so that it is
-never run on another architecture that happens to have the same parameter shapes. The default
+Hugging Face ``config``) that the forward may read, an instance-level ``forward``. The first training
+call also refuses a forward whose Python code acts at every call in a way no replay can: drawing from
+Python's or NumPy's global generator (a layer drop) or changing a plain attribute (a step counter).
+A plan that carries its profile (an in-memory plan) is also compared op by op with the model's own
+trace, so that it is never run on another architecture that happens to have the same parameter
+shapes; the model's own trace is what runs in any case. The default
 native executor (runtime/native.py) runs the model's Python forward at every call and needs none of
 this.
 
@@ -514,7 +517,8 @@ def _where(path: str) -> str:
 
 
 def _shown(plain) -> str:
-    return plain[1] if plain[0] != "dict" and isinstance(plain[1], str) else repr(plain[1])
+    """A :func:`_plain` value as messages write it: a scalar's repr, a tuple's items."""
+    return plain[1] if isinstance(plain[1], str) else "(" + ", ".join(_shown(item) for item in plain[1]) + ")"
 
 
 def check_drift(traced: dict[tuple, Any], now: dict[tuple, Any]) -> None:
