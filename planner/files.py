@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import stat
 import tempfile
-from typing import Iterable
+from collections.abc import Iterable
 
 
 class WriteError(OSError):

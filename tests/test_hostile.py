@@ -57,7 +57,7 @@ def cli(*args, cwd, timeout: float = 120, module: bool = False) -> subprocess.Co
     """The command as a user runs it; ``result.seconds`` is how long it took."""
     command = [sys.executable, "-m", "planner" if module else "planner.cli", *map(str, args)]
     started = time.perf_counter()
-    result = subprocess.run(command, capture_output=True, text=True, cwd=cwd, env=_env(), timeout=timeout)
+    result = subprocess.run(command, capture_output=True, text=True, cwd=cwd, env=_env(), timeout=timeout, check=False)
     result.seconds = time.perf_counter() - started
     return result
 
@@ -102,11 +102,13 @@ def plan_data(tmp_path_factory) -> dict:
     """A real plan (chen-greedy on the tiny model), as the JSON a user's plan file holds. Made once:
     it is the input of the plan-file cases, not a result under test."""
     import planner
+    from planner.modelfile import load_model_file
 
-    scope = {}
-    exec(textwrap.dedent(TINY), scope)
-    plan = planner.plan(scope["build_model"](), scope["example_inputs"](), "100%", solver="chen-greedy")
-    path = tmp_path_factory.mktemp("plan") / "plan.json"
+    folder = tmp_path_factory.mktemp("plan")
+    (folder / "model.py").write_text(TINY)
+    loaded = load_model_file(str(folder / "model.py"))
+    plan = planner.plan(loaded.model, loaded.example_inputs, "100%", solver="chen-greedy")
+    path = folder / "plan.json"
     plan.save(path)
     return json.loads(path.read_text())
 
@@ -598,7 +600,7 @@ def test_a_missing_model_file_is_reported_before_importing_torch(folder):
         (folder / "afile").write_text("")
         started = time.perf_counter()
         result = subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True, cwd=folder,
-                                env=_env(), timeout=60)
+                                env=_env(), timeout=60, check=False)
         result.seconds = time.perf_counter() - started
         assert_refused(result, EXIT_USAGE, seconds=15)
 
@@ -664,8 +666,9 @@ def test_ctrl_c_in_a_sweep_keeps_the_cut_short_run_undone(folder, jobs):
                                                "[1/2 done]")
     assert process.returncode == EXIT_INTERRUPTED, stderr
     assert "Traceback" not in stderr and seconds < 15  # the workers' solves stop too (they ignore SIGINT)
-    assert error_lines(stderr) == ["plan-checkpoints: error: interrupted (Ctrl-C); finished runs are recorded, the "
-                                   "runs in progress are not: run the same command again to finish the sweep"], stderr
+    expected = ("plan-checkpoints: error: interrupted (Ctrl-C); finished runs are recorded, the runs in progress are "
+                "not: run the same command again to finish the sweep")
+    assert error_lines(stderr) == [expected], stderr
     runs = sorted(os.listdir(folder / "results" / "runs"))
     assert runs == ["slow__100pct__cpsat.json"]  # the finished run is kept, the interrupted one is not
     assert not [name for name in os.listdir(folder / "results" / "plans") if name.startswith(".tmp-")]
@@ -767,7 +770,7 @@ def test_fuzz_command_lines(tmp_path):
     @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
     @given(st.lists(st.one_of(st.sampled_from(TOKENS), st.text(max_size=8)), max_size=7))
     def one(argv):
-        code, out, err = _main_in_process(argv)
+        code, _, err = _main_in_process(argv)
         assert code in (EXIT_OK, EXIT_FAILED_RUNS, EXIT_USAGE), (argv, code, err)
         assert "Traceback" not in err, (argv, err)
         errors = [line for line in err.splitlines() if line.startswith("plan-checkpoints: error:")]
