@@ -342,14 +342,19 @@ def _step_parameters(module):
             p.add_(1e-3)  # what optimizer.step() does between two backwards
 
 
-def test_an_output_the_backward_reads_changed_in_place_is_refused():
+@pytest.mark.parametrize("compile", [False, True])
+def test_an_output_the_backward_reads_changed_in_place_is_refused(compile):
     def build():
         torch.manual_seed(0)
         return nn.Sequential(nn.Linear(WIDTH, WIDTH), nn.Dropout(0.3), nn.Linear(WIDTH, 4), nn.Tanh())
 
     plan = _recomputing(planner.plan(build(), _batch(), budget="100%", solver="store-all", loss_fn=_loss))
-    model, planned = build(), planner.apply(build(), plan)
+    model, planned = build(), planner.apply(build(), plan, compile=compile)
     _refuses_like_eager(model, planned, lambda m, x, out: out.mul_(2))  # tanh's backward reads its output
+    with pytest.raises(RuntimeError, match="a value the plan holds for the backward"):
+        output = planned(*_batch())
+        output.mul_(2)
+        _loss(output).backward()
 
 
 def test_an_output_the_backward_does_not_read_may_change_in_place(gelu_plan):
