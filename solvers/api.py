@@ -26,6 +26,7 @@ METHODS: dict[str, str] = {
     "ilp": "solvers.ilp:solve_ilp",
     "cpsat": "solvers.cpsat:solve_cpsat",
     "exhaustive": "solvers.exhaustive:solve_exhaustive",
+    "orderfree": "solvers.orderfree:solve_orderfree",
 }
 
 

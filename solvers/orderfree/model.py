@@ -1,0 +1,362 @@
+"""The order-free relaxation (see the package docstring): milestones, columns, one function per
+constraint family, built in bulk into highspy; its bound and the layouts of its solutions."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from ..clock import Clock
+from ..errors import SolverTimeout, SolverUnavailable
+from ..graph import NodeCosts, node_costs
+
+METHOD = "orderfree"
+# Milestones are thinned (every k-th path node) until c and h have at most this many columns: a
+# 1001-node chain with every 10th path node is ~100k columns (issue 20: built in 1.7 s).
+MAX_COLUMNS = 120_000
+# The rows of the memory during an interval's computations (family ``_interval_memory``) have
+# ~n terms each; they are added, interval by interval, up to this many nonzeros.
+MAX_INTERVAL_MEMORY_ENTRIES = 400_000
+# The solver's bound is lowered by this relative amount: HiGHS works to tolerances of ~1e-9.
+BOUND_SAFETY = 1e-9
+
+
+def longest_path(costs: NodeCosts) -> list[int]:
+    """A path of the most nodes (positions in topological order), ties to the earliest."""
+    length, previous = [1] * costs.n, [-1] * costs.n
+    for v in range(costs.n):
+        for u in costs.preds[v]:
+            if length[u] + 1 > length[v]:
+                length[v], previous[v] = length[u] + 1, u
+    end = max(range(costs.n), key=lambda v: (length[v], -v)) if costs.n else -1
+    path = []
+    while end >= 0:
+        path.append(end)
+        end = previous[end]
+    return path[::-1]
+
+
+def earliest_intervals(costs: NodeCosts, marks: list[int]) -> list[int]:
+    """``e[v]``: the last milestone number ``j`` (1-based) whose node is ``v`` or an ancestor of
+    ``v`` (0 when none). ``v`` can be computed in interval ``i`` only for ``i >= e[v]``."""
+    number = {x: j + 1 for j, x in enumerate(marks)}
+    e = [0] * costs.n
+    for v in range(costs.n):
+        e[v] = max([e[u] for u in costs.preds[v]] + [number.get(v, 0)])
+    return e
+
+
+def choose_milestones(costs: NodeCosts, max_columns: int = MAX_COLUMNS) -> list[int]:
+    """Every k-th node of a longest path (the last one always kept), k the least that keeps the
+    model within ``max_columns`` columns. Any chain of ancestors keeps the bound valid."""
+    path = longest_path(costs)
+    for every in range(1, len(path) + 1):
+        marks = path[len(path) - 1::-every][::-1]
+        e = earliest_intervals(costs, marks)
+        m = len(marks)
+        if sum((m + 1 - ev) + (m - ev) for ev in e) <= max_columns:
+            return marks
+    return path[-1:]
+
+
+class _Rows:
+    """Sparse rows collected for one ``addRows`` call: ``lower <= sum(value * column) <= upper``."""
+
+    def __init__(self):
+        self.starts, self.indices, self.values, self.lower, self.upper = [], [], [], [], []
+
+    def add(self, terms: dict[int, float], lower: float, upper: float) -> int:
+        self.starts.append(len(self.indices))
+        for column, value in terms.items():
+            self.indices.append(column)
+            self.values.append(value)
+        self.lower.append(lower)
+        self.upper.append(upper)
+        return len(self.starts) - 1
+
+
+@dataclass
+class Relaxation:
+    """What one solve of the relaxation gives: ``bound`` (seconds, valid over every schedule within
+    the budget it was solved at; ``math.inf`` when none fits; ``None`` when the solver gave none),
+    ``layouts`` (compute orders of the optimum or incumbent, positions), ``proven`` (MILP optimal)."""
+
+    bound: float | None
+    layouts: list[list[int]] = field(default_factory=list)
+    chosen: list[int] = field(default_factory=list)  # the c columns at 1
+    proven: bool = False
+    infeasible: bool = False
+
+
+@dataclass
+class OrderFreeModel:
+    """The relaxation of the module docstring for one graph and budget, held in a ``highspy.Highs``."""
+
+    costs: NodeCosts
+    budget: int
+    marks: list[int]
+    c: dict = field(default_factory=dict)  # (interval, v) -> column
+    h: dict = field(default_factory=dict)  # (milestone, v) -> column
+    z: dict = field(default_factory=dict)  # (interval, v) -> column: held throughout interval i
+    memory_rows: list = field(default_factory=list)  # (row, bytes its computation adds) per memory row
+    highs: object = None
+    infeasible: bool = False  # a milestone's own step does not fit: no schedule does
+
+    # -- columns ------------------------------------------------------------------------------
+    def _columns(self) -> tuple[list[float], list[float], list[float]]:
+        """c[i,v] for i >= e[v]; h[j,v] for e[v] < j <= M. c[j, x_j] is fixed to 1, and the
+        inputs of x_j are fixed held at t_j (they are read by its computation)."""
+        costs, m = self.costs, len(self.marks)
+        e = earliest_intervals(costs, self.marks)
+        objective, lower, upper = [], [], []
+        for v in range(costs.n):
+            for i in range(e[v], m + 1):
+                self.c[i, v] = len(objective)
+                objective.append(costs.cost[v])
+                lower.append(0.0)
+                upper.append(1.0)
+            for j in range(e[v] + 1, m + 1):
+                self.h[j, v] = len(objective)
+                objective.append(0.0)
+                lower.append(0.0)
+                upper.append(1.0)
+        for j, x in enumerate(self.marks, start=1):
+            lower[self.c[j, x]] = 1.0  # x_j is first computed at t_j, in interval j
+            for u in costs.preds[x]:
+                lower[self.h[j, u]] = 1.0  # its inputs are held while it is computed
+        return objective, lower, upper
+
+    # -- rows: one function per family --------------------------------------------------------
+    def _memory(self, rows: _Rows) -> None:
+        """At t_j: held bytes + mem[x_j] + workspace[x_j] <= budget."""
+        costs = self.costs
+        for j, x in enumerate(self.marks, start=1):
+            own = costs.mem[x] + costs.workspace[x]
+            if own > self.budget:
+                self.infeasible = True
+            terms = {self.h[j, v]: float(costs.mem[v]) for v in range(costs.n) if (j, v) in self.h and costs.mem[v]}
+            self.memory_rows.append((rows.add(terms, -math.inf, float(self.budget - own)), own))
+
+    def _interval_memory(self, rows: _Rows, objective: list, lower: list, upper: list) -> None:
+        """Memory during a computation inside interval i (1 <= i <= M). A result held at t_i and at
+        t_{i+1} (an output: at the end) and not computed in between is held throughout the interval:
+        z[i,u] >= h[i,u] + h[i+1,u] - c[i,u] - 1 (z continuous in [0, 1]). Computing v there holds
+        those, v's inputs, v and its workspace:
+        sum_{u not v, not an input} mem[u] z[i,u] + (mem[v] + workspace[v] + mem of inputs) c[i,v] <= budget.
+        Where c[i,v] = 0 the row is implied by the memory at t_i (z <= h), so it needs no big-M.
+        This is what lets the laid-out optimum fit: the milestones alone do not see the
+        recomputations between them."""
+        costs, m, entries = self.costs, len(self.marks), 0
+        for i in range(1, m + 1):
+            for u in range(costs.n):
+                if (i, u) not in self.h:
+                    continue
+                after = self.h.get((i + 1, u)) if i < m else None
+                if i < m and after is None or i == m and not costs.output[u]:
+                    continue
+                self.z[i, u] = len(objective)
+                objective.append(0.0)
+                lower.append(0.0)
+                upper.append(1.0)
+                terms = {self.z[i, u]: 1.0, self.h[i, u]: -1.0, self.c[i, u]: 1.0}
+                if after is not None:
+                    terms[after] = -1.0
+                rows.add(terms, -1.0 if after is not None else 0.0, math.inf)
+            held = [u for u in range(costs.n) if (i, u) in self.z and costs.mem[u]]
+            for v in range(costs.n):
+                if (i, v) not in self.c or self.marks[i - 1] == v or entries > MAX_INTERVAL_MEMORY_ENTRIES:
+                    continue
+                inputs = set(costs.preds[v])
+                own = costs.mem[v] + costs.workspace[v] + sum(costs.mem[u] for u in inputs)
+                terms = {self.z[i, u]: float(costs.mem[u]) for u in held if u != v and u not in inputs}
+                terms[self.c[i, v]] = float(own)
+                entries += len(terms)
+                self.memory_rows.append((rows.add(terms, -math.inf, float(self.budget)), 0))
+
+    def _holding(self, rows: _Rows) -> None:
+        """Held at t_j implies computed in interval j-1 or held at t_{j-1}: h[j,v] <= c[j-1,v] + h[j-1,v]."""
+        for (j, v), column in self.h.items():
+            terms = {column: 1.0, self.c[j - 1, v]: -1.0}
+            if (j - 1, v) in self.h:
+                terms[self.h[j - 1, v]] = -1.0
+            rows.add(terms, -math.inf, 0.0)
+
+    def _reads(self, rows: _Rows) -> None:
+        """Computed in interval i implies each input computed in interval i or held at t_i:
+        c[i,v] <= c[i,u] + h[i,u]. (x_i in its own interval reads inputs fixed held.)"""
+        costs = self.costs
+        for (i, v), column in self.c.items():
+            if i >= 1 and self.marks[i - 1] == v:
+                continue
+            for u in costs.preds[v]:
+                terms = {column: 1.0, self.c[i, u]: -1.0}
+                if (i, u) in self.h:
+                    terms[self.h[i, u]] = -1.0
+                rows.add(terms, -math.inf, 0.0)
+
+    def _coverage(self, rows: _Rows) -> None:
+        """Every node computed at least once; sinks (whose earlier computations nobody reads) and
+        pinned nodes (never freed, so never recomputed) exactly once."""
+        costs, m = self.costs, len(self.marks)
+        for v in range(costs.n):
+            terms = {self.c[i, v]: 1.0 for i in range(m + 1) if (i, v) in self.c}
+            once = not costs.succs[v] or costs.pinned[v]
+            rows.add(terms, 1.0, 1.0 if once else math.inf)
+
+    def _pinned_held(self, rows: _Rows) -> None:
+        """A pinned node, once computed, is held at every later milestone: sum_{i<j} c[i,v] <= h[j,v]."""
+        for (j, v), column in self.h.items():
+            if self.costs.pinned[v]:
+                terms = {self.c[i, v]: 1.0 for i in range(j) if (i, v) in self.c}
+                terms[column] = -1.0
+                rows.add(terms, -math.inf, 0.0)
+
+    def _outputs_held(self, rows: _Rows) -> None:
+        """An output is held at the end, so held at t_M or computed in interval M: h[M,v] + c[M,v] >= 1."""
+        m = len(self.marks)
+        for v in range(self.costs.n):
+            if self.costs.output[v]:
+                terms = {self.c[m, v]: 1.0}
+                if (m, v) in self.h:
+                    terms[self.h[m, v]] = 1.0
+                rows.add(terms, 1.0, math.inf)
+
+    def build(self, clock: Clock | None = None) -> OrderFreeModel:
+        """Columns and rows into highspy in bulk (three calls), the clock checked between families."""
+        import numpy as np
+        try:
+            import highspy
+        except ImportError as error:
+            raise SolverUnavailable(f"orderfree needs highspy (pip install highspy; {error})") from error
+        objective, lower, upper = self._columns()
+        rows = _Rows()
+        for family in (self._memory, self._holding, self._reads, self._coverage, self._pinned_held,
+                       self._outputs_held):
+            if clock is not None:
+                clock.check(METHOD, "building the order-free model")
+            family(rows)
+        self._interval_memory(rows, objective, lower, upper)
+        highs = highspy.Highs()
+        highs.setOptionValue("output_flag", False)
+        highs.setOptionValue("mip_rel_gap", 0.0)
+        highs.setOptionValue("mip_abs_gap", 1e-9)
+        infinity = highspy.kHighsInf
+        n_cols = len(objective)
+        highs.addCols(n_cols, np.array(objective, dtype=np.float64), np.array(lower, dtype=np.float64),
+                      np.array(upper, dtype=np.float64), 0, np.zeros(0, dtype=np.int32),
+                      np.zeros(0, dtype=np.int32), np.zeros(0, dtype=np.float64))
+        clip = lambda values: np.clip(np.array(values, dtype=np.float64), -infinity, infinity)
+        highs.addRows(len(rows.starts), clip(rows.lower), clip(rows.upper), len(rows.indices),
+                      np.array(rows.starts, dtype=np.int32), np.array(rows.indices, dtype=np.int32),
+                      np.array(rows.values, dtype=np.float64))
+        self.integrality = np.full(n_cols, int(highspy.HighsVarType.kInteger), dtype=np.uint8)
+        self.highs = highs
+        return self
+
+    def set_budget(self, budget: int) -> None:
+        """The memory rows at another budget (the repair's smaller budgets)."""
+        import highspy
+
+        self.budget = budget
+        for row, own in self.memory_rows:
+            self.highs.changeRowBounds(row, -highspy.kHighsInf, float(budget - own))
+
+    def solve(self, seconds: float | None, integral: bool = True) -> Relaxation:
+        """Solve the MILP (or its LP relaxation) within ``seconds``: its bound and laid-out solution."""
+        import highspy
+        import numpy as np
+
+        from ..ilp.backends import run_interruptibly
+
+        if self.infeasible or any(own > self.budget for _, own in self.memory_rows):
+            return Relaxation(math.inf, infeasible=True)
+        highs = self.highs
+        n_cols = len(self.integrality)
+        kind = self.integrality if integral else np.zeros(n_cols, dtype=np.uint8)
+        highs.changeColsIntegrality(n_cols, np.arange(n_cols, dtype=np.int32), kind)
+        if seconds is not None:
+            highs.setOptionValue("time_limit", max(0.01, float(seconds)))
+        run_interruptibly(highs)
+        status, info, kinds = highs.getModelStatus(), highs.getInfo(), highspy.HighsModelStatus
+        if status in (kinds.kInfeasible, kinds.kUnboundedOrInfeasible):
+            return Relaxation(math.inf, infeasible=True)
+        optimal = status == kinds.kOptimal
+        if integral:
+            bound = info.mip_dual_bound if math.isfinite(info.mip_dual_bound) else None
+        else:
+            bound = info.objective_function_value if optimal else None  # a stopped LP bounds nothing
+        if bound is not None:
+            bound -= BOUND_SAFETY * max(1.0, abs(bound))
+        has_solution = integral and info.primal_solution_status == 2  # kSolutionStatusFeasible
+        values = highs.getSolution().col_value if has_solution else None
+        layouts = self.layouts(values) if has_solution else []
+        chosen = [column for column in self.c.values() if values[column] > 0.5] if has_solution else []
+        return Relaxation(bound, layouts, chosen, proven=integral and optimal)
+
+    def exclude(self, chosen: list[int]) -> None:
+        """A no-good cut: some c column differs from ``chosen`` (the c columns at 1). It removes
+        feasible points, so a bound solved after it is no bound (only the first solve's is used)."""
+        import highspy
+        import numpy as np
+
+        ones = set(chosen)
+        columns = sorted(self.c.values())
+        values = [-1.0 if column in ones else 1.0 for column in columns]
+        self.highs.addRow(1.0 - len(ones), highspy.kHighsInf, len(columns), np.array(columns, dtype=np.int32),
+                          np.array(values, dtype=np.float64))
+
+    def layouts(self, values) -> list[list[int]]:
+        """The solution as compute orders: interval by interval, x_i first (its inputs are held),
+        then the interval's other computations, each after its inputs computed in the interval.
+        Two orders within an interval: topological (by position), and greedy on memory (next, the
+        ready computation whose result, less the inputs it is the last in the interval to read and
+        that are not held at the next milestone, adds the fewest bytes). The milestones do not fix
+        the order between them, and on DAGs that order decides the peak."""
+        costs, m = self.costs, len(self.marks)
+        chosen = [[v for v in range(costs.n) if (i, v) in self.c and values[self.c[i, v]] > 0.5] for i in range(m + 1)]
+        plain, greedy = [], []
+        for i, nodes in enumerate(chosen):
+            first = [self.marks[i - 1]] if i >= 1 else []
+            rest = [v for v in nodes if v not in first]
+            plain += first + rest
+            greedy += first + self._greedy(i, rest, set(first), values)
+        return [plain] if greedy == plain else [plain, greedy]
+
+    def _greedy(self, i: int, nodes: list[int], done: set, values) -> list[int]:
+        costs, m = self.costs, len(self.marks)
+        left = set(nodes)
+        kept = {u for u in range(costs.n) if costs.output[u] or (i + 1 <= m and (i + 1, u) in self.h
+                                                                  and values[self.h[i + 1, u]] > 0.5)}
+        readers = {u: sum(1 for w in costs.succs[u] if w in left) for u in range(costs.n)}
+        order = []
+        while left:
+            ready = [v for v in left if all(u not in left for u in costs.preds[v])]
+
+            def added(v: int) -> int:
+                freed = sum(costs.mem[u] for u in costs.preds[v] if readers[u] == 1 and u not in kept and u not in left)
+                return costs.mem[v] - freed
+
+            v = min(ready, key=lambda v: (added(v), v))
+            order.append(v)
+            left.discard(v)
+            for u in costs.preds[v]:
+                readers[u] -= 1
+        return order
+
+
+def order_free_bound(graph, budget: int, seconds: float | None = 2.0, integral: bool = True,
+                     costs: NodeCosts | None = None) -> float:
+    """Seconds of computation every schedule of ``graph`` within ``budget`` bytes needs, in any order
+    (module docstring): the relaxation's MILP dual bound (``integral``) or LP value, solved within
+    ``seconds``; ``math.inf`` when no schedule fits. Never below computing every node once."""
+    costs = node_costs(graph) if costs is None else costs
+    once = float(sum(costs.cost))
+    if costs.n == 0:
+        return 0.0
+    clock = Clock(seconds)
+    try:
+        model = OrderFreeModel(costs, budget, choose_milestones(costs)).build(clock)
+        result = model.solve(clock.left(), integral)
+    except (SolverTimeout, SolverUnavailable):
+        return once
+    return once if result.bound is None else max(once, result.bound)
