@@ -163,6 +163,11 @@ def build_cost_graph(joint: JointGraph, grouping: Grouping, times: OpTimes) -> n
                 data["output"] = True  # a mutation made in the backward: applied when it ends
             else:
                 cost.add_edge(node, LOSS)
+                # Held to the end, as the caller holds the model's outputs: a few bytes each
+                # (BatchNorm's running statistics, its batch count), and read by the loss only,
+                # they crossed every stage boundary of the chain view after them, which then saw
+                # one stage where a ResNet has dozens (its least dp budget was 100% of its peak).
+                data["pinned"] = True
     cost.graph["fingerprint"] = fingerprint(cost)
     return cost
 
