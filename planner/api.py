@@ -17,7 +17,7 @@ from .fallback import FallbackWarning, ModuleChainPlan, plan_module_chain
 from .footprint import held_besides_schedule
 from .granularity import noted, solve_over_groupings
 from .native import DISTRIBUTED, NativePlan, plan_native
-from .planfile import Plan, load
+from .planfile import Plan, load, profile_fields
 
 __all__ = ["BudgetInfeasible", "EXECUTORS", "profile_for", "FallbackWarning", "NativePlan", "SolverError", "Plan", "apply", "checkpoint",
            "load", "plan", "plan_untraceable"]
@@ -125,7 +125,6 @@ def plan(
     graph = profile.graph
     fixed = held_besides_schedule(graph)
     outcome = simulate(graph, schedule)
-    joint = profile.joint
     return Plan(
         schedule=schedule,
         graph=graph,
@@ -138,15 +137,7 @@ def plan(
         unplanned_seconds=store_all.compute_cost,
         fingerprint=profile.fingerprint,
         granularity=profile.granularity,
-        device=profile.device,
-        torch_version=torch.__version__,
-        tangent_outputs=tuple(joint.loss.tangent_outputs),
-        tangent_specs=tuple(joint.loss.tangent_specs),
-        inputs=joint.layout.signature,
-        model=type(model).__name__,
-        profile_seconds=profile.seconds,
-        autocast=getattr(joint, "autocast", ""),
-        profile=profile,
+        **profile_fields(profile, model),
     )
 
 

@@ -35,7 +35,7 @@ from solvers.schedule import SolverInfo
 
 from .budget import Budget, format_bytes
 from .planfile import FORMAT as PLAN_FORMAT
-from .planfile import Plan, PlanFileError, PlanWarning, _list, _text, _whole
+from .planfile import Plan, PlanFileError, PlanWarning, _list, _text, _whole, profile_fields
 
 NATIVE_FORMAT = "plan-checkpoints/native/1"
 METHOD = "regions"
@@ -65,7 +65,7 @@ class NativePlan(Plan):
         shown = ", ".join(self.regions[:8]) + (f" and {len(self.regions) - 8} more" if len(self.regions) > 8 else "")
         lines = [
             f"Model:             {self.model or '?'}; inputs {', '.join(self.inputs) or '?'}",
-            f"Executor:          native (torch.utils.checkpoint on the model's own modules)",
+            "Executor:          native (torch.utils.checkpoint on the model's own modules)",
             f"Budget:            {format_bytes(self.budget_bytes)} ({self.budget_text}) for the whole step; "
             f"parameters, buffers, inputs and saved RNG states take {format_bytes(self.fixed_bytes)}",
             f"Predicted peak:    {format_bytes(self.predicted_peak_bytes)}, without checkpointing "
@@ -266,7 +266,6 @@ def _native_plan(model, profile, solved: RegionPlan, held: int, budget: Budget, 
                  unplanned_peak: int, unplanned_seconds: float, measured, seconds: float) -> NativePlan:
     graph = solved.graph.copy()
     graph.graph["fingerprint"] = graph_fingerprint(graph)
-    joint = profile.joint
     recomputed = sum(len(region_costs(profile.regroup("op").graph, r).recomputed) for r in solved.regions)
     info = SolverInfo(
         method=METHOD, status="heuristic", solve_seconds=seconds, budget_bytes=budget_bytes - held,
@@ -286,15 +285,7 @@ def _native_plan(model, profile, solved: RegionPlan, held: int, budget: Budget, 
         unplanned_seconds=unplanned_seconds,
         fingerprint=module_fingerprint(model, solved.regions),
         granularity="op",
-        device=profile.device,
-        torch_version=torch.__version__,
-        tangent_outputs=tuple(joint.loss.tangent_outputs),
-        tangent_specs=tuple(joint.loss.tangent_specs),
-        inputs=joint.layout.signature,
-        model=type(model).__name__,
-        profile_seconds=profile.seconds,
-        autocast=getattr(joint, "autocast", ""),
-        profile=profile,
+        **profile_fields(profile, model),
         regions=tuple(solved.regions),
         measured_peak_bytes=None if measured is None else int(measured.peak_bytes),
         measured_seconds=None if measured is None else float(measured.seconds),

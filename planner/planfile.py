@@ -216,6 +216,23 @@ class Plan:
         return plan
 
 
+def profile_fields(profile, model) -> dict:
+    """The :class:`Plan` fields that come from the profile a plan was solved on and the model's class:
+    what every kind of plan records about the step it was made for."""
+    joint = profile.joint
+    return {
+        "device": profile.device,
+        "torch_version": torch.__version__,
+        "tangent_outputs": tuple(joint.loss.tangent_outputs),
+        "tangent_specs": tuple(joint.loss.tangent_specs),
+        "inputs": joint.layout.signature,
+        "model": type(model).__name__,
+        "profile_seconds": profile.seconds,
+        "autocast": getattr(joint, "autocast", ""),
+        "profile": profile,
+    }
+
+
 def _dtype(name: str) -> torch.dtype:
     # torch.__dict__, not getattr(torch, name): a name from a file must not reach the module's lazy
     # __getattr__, which imports submodules.

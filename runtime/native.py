@@ -283,7 +283,7 @@ class ShapeGuard:
             expected = planned.get(key)
             if expected is None or len(expected) != len(shape):
                 continue  # an input the plan did not see (labels added by a Trainer): not sized by it
-            if any(got > limit for got, limit in zip(shape, expected)):
+            if any(got > limit for got, limit in zip(shape, expected, strict=True)):
                 raise ShapeTooLarge(
                     f"input {key} has shape {list(shape)}, larger than the {list(expected)} the plan was made for; "
                     "a plan serves inputs up to the shapes it was made with: plan with the largest batch and "

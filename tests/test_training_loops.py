@@ -69,7 +69,7 @@ def _assert_same(history_a, history_b, model_a, model_b):
         assert a.keys() == b.keys()
         for name in a:
             assert torch.equal(a[name], b[name]), name
-    for (name, p), (_, q) in zip(model_a.named_parameters(), model_b.named_parameters()):
+    for (name, p), (_, q) in zip(model_a.named_parameters(), model_b.named_parameters(), strict=True):
         assert torch.equal(p, q), name
 
 
@@ -323,7 +323,7 @@ def test_batch_norm_inside_a_checkpoint_updates_its_statistics_once():
     reference, planned = cnn(), planner.apply(cnn(), plan)
     batches = [(torch.randn(16, 3, 32, 32, generator=torch.Generator().manual_seed(s)),) for s in range(STEPS)]
     _assert_same(_train(reference, batches), _train(planned, batches), reference, planned)
-    for (name, a), (_, b) in zip(reference.named_buffers(), planned.named_buffers()):
+    for (name, a), (_, b) in zip(reference.named_buffers(), planned.named_buffers(), strict=True):
         assert torch.equal(a, b), name
 
 
