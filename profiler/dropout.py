@@ -19,7 +19,7 @@ tensor both ops fill the same memory in the same order, and the graph is left as
 from __future__ import annotations
 
 import torch
-import torch.fx as fx
+from torch import fx
 
 aten = torch.ops.aten
 

@@ -16,9 +16,9 @@ kernels differ (a GPU's fused causal attention), gradients equal eager's to roun
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
+from collections.abc import Iterator
 
-import torch.nn.modules.transformer as transformer
+from torch.nn.modules import transformer
 
 
 def _as_given(mask=None, is_causal=None, size=None) -> bool:

@@ -1,0 +1,643 @@
+"""The model zoo: every architecture a user might bring, planned at 50% and 75% and checked.
+
+Each case builds a model from a tiny configuration (Hugging Face ``transformers`` models from their
+config classes, no weights) or from ``torch.nn``, with example inputs sized so that activations,
+not parameters, make most of the step's peak, and dropout on (train mode). :func:`run_case` plans
+it with the chain DP (``solver="dp"``, the traced executor) at each budget, applies the plan, and
+measures:
+
+- the step's peak from the allocator's events (``profiler.measure_step``), not the plan's figure;
+- the predicted peak against it;
+- the gradients against the unplanned model's from the same seed (which also compares every
+  dropout mask: a different mask changes the gradients), the loss and the RNG state after the step.
+
+A model the tracer cannot follow gets the fallback plan (torch.utils.checkpoint on whole blocks);
+its figures are measured, so only "measured within the budget" and the gradients apply.
+
+``python benchmarks/zoo.py`` runs every case, prints the table and writes it to docs/zoo.md
+(``--only NAME,NAME`` for some). tests/test_zoo.py runs the same cases as tests: a fast subset
+by default, all of them with ``-m zoo``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+import planner
+import profiler
+
+BUDGETS = ("50%", "75%")
+# The predicted peak may differ from the measured one by this fraction of the measured peak.
+PREDICTION_TOLERANCE = 0.02
+SEED = 1234
+
+
+@dataclass(frozen=True)
+class Case:
+    """``build() -> (model, example_inputs, loss_fn)``; ``fast``: in the default test subset."""
+
+    name: str
+    kind: str  # decoder, encoder, encoder-decoder, vision, speech, multimodal, torch.nn
+    build: Callable[[], tuple]
+    fast: bool = False
+    note: str = ""
+    # The chain DP plans chains of stages; a model with long skip connections (a U-Net) is one
+    # stage to it, so such a case names a solver that plans any graph.
+    solver: str = "dp"
+    time_limit: float | None = None
+    # Budgets no plan reaches for this model, with why (measured): the planner must say so
+    # (BudgetInfeasible), and a plan found one day fails the check, to be looked at.
+    infeasible: tuple[tuple[str, str], ...] = ()
+    # A known failure of the checks, with its reason: the test is marked xfail (not strict when the
+    # failure depends on the machine's timings, which change the schedule).
+    xfail: str = ""
+    xfail_strict: bool = True
+
+
+@dataclass
+class Row:
+    """One case at one budget. Bytes and seconds."""
+
+    case: str
+    budget_text: str
+    traced: bool
+    budget_bytes: int
+    predicted_bytes: int
+    measured_bytes: int
+    unplanned_bytes: int
+    grad_max_abs_diff: float
+    grad_max_rel_diff: float
+    same_loss: bool
+    same_rng: bool
+    seconds: float  # planning, applying and checking this budget (profiling counted in the first row)
+    # Set for a budget the case declares out of reach: the reason, and the least budget the planner
+    # reported (bytes); -1 when a plan was found after all.
+    infeasible_reason: str = ""
+    min_budget_bytes: int = 0
+
+    @property
+    def prediction_error(self) -> float:
+        """(predicted - measured) / measured."""
+        return (self.predicted_bytes - self.measured_bytes) / self.measured_bytes
+
+
+# -- building blocks -------------------------------------------------------------------------------
+def _hf_loss(output):
+    return output.loss
+
+
+def _ids(batch: int, tokens: int, vocab: int, seed: int = 1) -> torch.Tensor:
+    return torch.randint(0, vocab, (batch, tokens), generator=torch.Generator().manual_seed(seed))
+
+
+def _causal_lm(config_class, model_class=None, batch=4, tokens=64, vocab=128, **config):
+    """A Hugging Face causal language model with ``labels`` (its loss inside the model)."""
+
+    def build():
+        import transformers
+
+        torch.manual_seed(0)
+        cls = model_class or transformers.AutoModelForCausalLM
+        cfg = getattr(transformers, config_class)(vocab_size=vocab, **config)
+        model = cls.from_config(cfg) if cls is transformers.AutoModelForCausalLM else cls(cfg)
+        ids = _ids(batch, tokens, vocab)
+        return model, {"input_ids": ids, "labels": ids}, _hf_loss
+
+    return build
+
+
+def _llama_like(config_class, **extra):
+    config = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=128, attention_dropout=0.1,
+                  pad_token_id=0, bos_token_id=0, eos_token_id=0)
+    config.update(extra)
+    return _causal_lm(config_class, **config)
+
+
+def _masked_lm(config_class, batch=4, tokens=64, vocab=128, **config):
+    def build():
+        import transformers
+
+        torch.manual_seed(0)
+        cfg = getattr(transformers, config_class)(vocab_size=vocab, **config)
+        model = transformers.AutoModelForMaskedLM.from_config(cfg)
+        ids = _ids(batch, tokens, vocab)
+        return model, {"input_ids": ids, "labels": ids}, _hf_loss
+
+    return build
+
+
+_BERT_LIKE = dict(hidden_size=32, num_hidden_layers=4, num_attention_heads=4, intermediate_size=64,
+                  max_position_embeddings=128, hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1,
+                  pad_token_id=0)
+
+
+def _seq2seq(config_class, batch=4, tokens=48, vocab=128, **config):
+    def build():
+        import transformers
+
+        torch.manual_seed(0)
+        cfg = getattr(transformers, config_class)(vocab_size=vocab, **config)
+        model = transformers.AutoModelForSeq2SeqLM.from_config(cfg)
+        return model, {"input_ids": _ids(batch, tokens, vocab), "labels": _ids(batch, tokens, vocab, seed=2)}, _hf_loss
+
+    return build
+
+
+def _image_classifier(config_class, batch=4, image=32, channels=3, labels=10, model_class=None, **config):
+    def build():
+        import transformers
+
+        torch.manual_seed(0)
+        cfg = getattr(transformers, config_class)(num_labels=labels, **config)
+        if model_class:  # the auto class maps some configs to several classes (DeiT: with a teacher or not)
+            model = getattr(transformers, model_class)(cfg)
+        else:
+            model = transformers.AutoModelForImageClassification.from_config(cfg)
+        pixels = torch.randn(batch, channels, image, image, generator=torch.Generator().manual_seed(1))
+        targets = torch.randint(0, labels, (batch,), generator=torch.Generator().manual_seed(2))
+        return model, {"pixel_values": pixels, "labels": targets}, _hf_loss
+
+    return build
+
+
+def _whisper():
+    import transformers
+
+    torch.manual_seed(0)
+    cfg = transformers.WhisperConfig(
+        vocab_size=128, num_mel_bins=16, encoder_layers=4, decoder_layers=4, encoder_attention_heads=4,
+        decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, d_model=32,
+        max_source_positions=64, max_target_positions=64, dropout=0.1, attention_dropout=0.1,
+        pad_token_id=0, bos_token_id=0, eos_token_id=0, decoder_start_token_id=0,
+    )
+    model = transformers.WhisperForConditionalGeneration(cfg)
+    features = torch.randn(4, 16, 128, generator=torch.Generator().manual_seed(1))  # 2 x max_source_positions frames
+    return model, {"input_features": features, "labels": _ids(4, 32, 128, seed=2)}, _hf_loss
+
+
+def _clip():
+    import transformers
+
+    torch.manual_seed(0)
+    text = dict(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
+                max_position_embeddings=64, dropout=0.1, attention_dropout=0.1)
+    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4, image_size=32,
+                  patch_size=4, dropout=0.1, attention_dropout=0.1)
+    model = transformers.CLIPModel(transformers.CLIPConfig(text_config=text, vision_config=vision, projection_dim=32))
+    inputs = {"input_ids": _ids(8, 32, 128), "pixel_values": torch.randn(8, 3, 32, 32, generator=torch.Generator().manual_seed(1)),
+              "return_loss": True}
+    return model, inputs, _hf_loss
+
+
+# -- torch.nn models ---------------------------------------------------------------------------------
+def _mse(output):
+    return output.float().pow(2).mean()
+
+
+class RecurrentLM(nn.Module):
+    """Embedding, a stacked recurrent network with dropout between its layers, a dropout, a head."""
+
+    def __init__(self, cell, vocab: int = 64, width: int = 32, hidden: int = 64, layers: int = 4):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, width)
+        self.rnn = cell(width, hidden, num_layers=layers, batch_first=True, dropout=0.1)
+        self.drop = nn.Dropout(0.1)
+        self.head = nn.Linear(hidden, vocab)
+
+    def forward(self, ids):
+        return self.head(self.drop(self.rnn(self.embed(ids))[0]))
+
+
+def _recurrent(cell):
+    def build():
+        torch.manual_seed(0)
+        return RecurrentLM(cell), (_ids(8, 32, 64),), _mse
+
+    return build
+
+
+def _transformer_encoder(causal: bool):
+    def build():
+        torch.manual_seed(0)
+        layer = nn.TransformerEncoderLayer(32, 4, 64, dropout=0.1, batch_first=True)
+        model = nn.TransformerEncoder(layer, 4, enable_nested_tensor=False)
+        x = torch.randn(8, 32, 32, generator=torch.Generator().manual_seed(1))
+        if causal:  # a mask without is_causal: torch tests it for causality (profiler/transformer.py)
+            return model, {"src": x, "mask": nn.Transformer.generate_square_subsequent_mask(32)}, _mse
+        return model, (x,), _mse
+
+    return build
+
+
+class TorchViT(nn.Module):
+    """A ViT on nn.TransformerEncoder (batch_first, pre-norm): patches, a class token, a head."""
+
+    def __init__(self, image: int = 32, patch: int = 4, width: int = 32, layers: int = 4, classes: int = 10):
+        super().__init__()
+        self.patches = nn.Conv2d(3, width, patch, stride=patch)
+        self.cls = nn.Parameter(torch.zeros(1, 1, width))
+        self.position = nn.Parameter(torch.randn(1, (image // patch) ** 2 + 1, width) * 0.02)
+        self.drop = nn.Dropout(0.1)
+        layer = nn.TransformerEncoderLayer(width, 4, 2 * width, dropout=0.1, batch_first=True, norm_first=True,
+                                           activation="gelu")
+        self.encoder = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+        self.norm = nn.LayerNorm(width)
+        self.head = nn.Linear(width, classes)
+
+    def forward(self, images, labels):
+        x = self.patches(images).flatten(2).transpose(1, 2)
+        x = torch.cat([self.cls.expand(x.shape[0], -1, -1), x], dim=1)
+        x = self.encoder(self.drop(x + self.position))
+        return nn.functional.cross_entropy(self.head(self.norm(x[:, 0])), labels)
+
+
+def _torch_vit():
+    torch.manual_seed(0)
+    images = torch.randn(8, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+    labels = torch.randint(0, 10, (8,), generator=torch.Generator().manual_seed(2))
+    return TorchViT(), (images, labels), lambda loss: loss
+
+
+class UNet(nn.Module):
+    """Two levels down, two up, skip connections, BatchNorm, a dropout at the bottom."""
+
+    def __init__(self, channels: int = 8):
+        super().__init__()
+
+        def block(cin, cout):
+            return nn.Sequential(nn.Conv2d(cin, cout, 3, padding=1), nn.BatchNorm2d(cout), nn.ReLU(inplace=True),
+                                 nn.Conv2d(cout, cout, 3, padding=1), nn.BatchNorm2d(cout), nn.ReLU(inplace=True))
+
+        c = channels
+        self.down1, self.down2, self.bottom = block(3, c), block(c, 2 * c), block(2 * c, 4 * c)
+        self.drop = nn.Dropout2d(0.1)
+        self.up2, self.dec2 = nn.ConvTranspose2d(4 * c, 2 * c, 2, stride=2), block(4 * c, 2 * c)
+        self.up1, self.dec1 = nn.ConvTranspose2d(2 * c, c, 2, stride=2), block(2 * c, c)
+        self.out = nn.Conv2d(c, 2, 1)
+
+    def forward(self, x):
+        d1 = self.down1(x)
+        d2 = self.down2(nn.functional.max_pool2d(d1, 2))
+        b = self.drop(self.bottom(nn.functional.max_pool2d(d2, 2)))
+        u2 = self.dec2(torch.cat([self.up2(b), d2], dim=1))
+        u1 = self.dec1(torch.cat([self.up1(u2), d1], dim=1))
+        return self.out(u1)
+
+
+def _unet():
+    torch.manual_seed(0)
+    return UNet(), (torch.randn(4, 3, 32, 32, generator=torch.Generator().manual_seed(1)),), _mse
+
+
+class MoE(nn.Module):
+    """A mixture of experts with top-k routing, computed densely (every expert on every token,
+    weighted by the renormalised top-k gates, zero elsewhere): traceable, no data-dependent shapes."""
+
+    def __init__(self, width: int = 32, experts: int = 4, k: int = 2, hidden: int = 64):
+        super().__init__()
+        self.k = k
+        self.gate = nn.Linear(width, experts)
+        self.experts = nn.ModuleList(nn.Sequential(nn.Linear(width, hidden), nn.GELU(), nn.Dropout(0.1),
+                                                   nn.Linear(hidden, width)) for _ in range(experts))
+
+    def forward(self, x):
+        scores = self.gate(x).softmax(-1)
+        top, index = scores.topk(self.k, dim=-1)
+        weights = torch.zeros_like(scores).scatter(-1, index, top / top.sum(-1, keepdim=True))
+        return x + sum(weights[..., e : e + 1] * expert(x) for e, expert in enumerate(self.experts))
+
+
+class MoEModel(nn.Module):
+    def __init__(self, layers: int = 3, width: int = 32):
+        super().__init__()
+        self.embed = nn.Linear(16, width)
+        self.layers = nn.ModuleList(nn.Sequential(nn.LayerNorm(width), MoE(width)) for _ in range(layers))
+        self.head = nn.Linear(width, 4)
+
+    def forward(self, x):
+        x = self.embed(x)
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(x)
+
+
+def _moe():
+    torch.manual_seed(0)
+    return MoEModel(), (torch.randn(8, 64, 16, generator=torch.Generator().manual_seed(1)),), _mse
+
+
+class ControlFlowBlock(nn.Module):
+    def __init__(self, width: int):
+        super().__init__()
+        self.up, self.drop, self.down = nn.Linear(width, 4 * width), nn.Dropout(0.1), nn.Linear(4 * width, width)
+
+    def forward(self, x):
+        h = self.down(self.drop(torch.tanh(self.up(x))))
+        if h.mean() > 0:  # Python control flow on a tensor's value: the tracer cannot follow it
+            h = h * 2
+        return x + h
+
+
+class ControlFlowModel(nn.Module):
+    def __init__(self, width: int = 64, blocks: int = 8):
+        super().__init__()
+        self.embed = nn.Linear(width, width)
+        self.blocks = nn.ModuleList(ControlFlowBlock(width) for _ in range(blocks))
+        self.head = nn.Linear(width, 4)
+
+    def forward(self, x):
+        x = self.embed(x)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
+def _control_flow():
+    torch.manual_seed(0)
+    return ControlFlowModel(), (torch.randn(256, 64, generator=torch.Generator().manual_seed(1)),), _mse
+
+
+# -- the zoo -------------------------------------------------------------------------------------------
+CASES = [
+    # decoders (causal LMs with labels)
+    Case("gpt2", "decoder", _causal_lm("GPT2Config", n_layer=4, n_embd=32, n_head=4, n_positions=128,
+                                       bos_token_id=0, eos_token_id=0), fast=True,
+         note="default config's features: use_cache on, dropouts 0.1"),
+    Case("llama", "decoder", _llama_like("LlamaConfig")),
+    Case("mistral", "decoder", _llama_like("MistralConfig")),
+    Case("qwen2", "decoder", _llama_like("Qwen2Config")),
+    Case("gemma", "decoder", _llama_like("GemmaConfig", head_dim=8)),
+    Case("phi", "decoder", _causal_lm("PhiConfig", hidden_size=32, intermediate_size=64, num_hidden_layers=4,
+                                      num_attention_heads=4, max_position_embeddings=128, resid_pdrop=0.1,
+                                      embd_pdrop=0.1, attention_dropout=0.1, pad_token_id=0, bos_token_id=0,
+                                      eos_token_id=0)),
+    Case("gpt-neox", "decoder", _causal_lm("GPTNeoXConfig", hidden_size=32, intermediate_size=64,
+                                           num_hidden_layers=4, num_attention_heads=4, max_position_embeddings=128,
+                                           hidden_dropout=0.1, attention_dropout=0.1, pad_token_id=0,
+                                           bos_token_id=0, eos_token_id=0)),
+    Case("opt", "decoder", _causal_lm("OPTConfig", hidden_size=32, ffn_dim=64, num_hidden_layers=4,
+                                      num_attention_heads=4, max_position_embeddings=128, word_embed_proj_dim=32,
+                                      dropout=0.1, attention_dropout=0.1, pad_token_id=0, bos_token_id=0,
+                                      eos_token_id=0)),
+    Case("bloom", "decoder", _causal_lm("BloomConfig", hidden_size=32, n_layer=4, n_head=4, hidden_dropout=0.1,
+                                        attention_dropout=0.1, pad_token_id=0, bos_token_id=0, eos_token_id=0)),
+    Case("falcon", "decoder", _causal_lm("FalconConfig", hidden_size=32, num_hidden_layers=4, num_attention_heads=4,
+                                         hidden_dropout=0.1, attention_dropout=0.1, pad_token_id=0, bos_token_id=0,
+                                         eos_token_id=0)),
+    # encoders (masked LMs with labels)
+    Case("bert", "encoder", _masked_lm("BertConfig", **_BERT_LIKE)),
+    Case("roberta", "encoder", _masked_lm("RobertaConfig", **{**_BERT_LIKE, "max_position_embeddings": 130})),
+    Case("distilbert", "encoder", _masked_lm("DistilBertConfig", dim=32, n_layers=4, n_heads=4, hidden_dim=64,
+                                             max_position_embeddings=128, dropout=0.1, attention_dropout=0.1,
+                                             pad_token_id=0)),
+    Case("albert", "encoder", _masked_lm("AlbertConfig", embedding_size=16, **_BERT_LIKE)),
+    Case("electra", "encoder", _masked_lm("ElectraConfig", embedding_size=16, **_BERT_LIKE)),
+    Case("deberta-v2", "encoder", _masked_lm("DebertaV2Config", **_BERT_LIKE)),
+    # encoder-decoders
+    Case("t5", "encoder-decoder", _seq2seq("T5Config", d_model=32, d_kv=8, d_ff=256, num_layers=4, num_heads=4,
+                                           dropout_rate=0.1, decoder_start_token_id=0, pad_token_id=0),
+         note="labels: decoder inputs made by shifting them (a lifted constant)"),
+    Case("bart", "encoder-decoder", _seq2seq("BartConfig", d_model=32, encoder_layers=4, decoder_layers=4,
+                                             encoder_attention_heads=4, decoder_attention_heads=4,
+                                             encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=128,
+                                             dropout=0.1, attention_dropout=0.1, pad_token_id=0, bos_token_id=0,
+                                             eos_token_id=0, decoder_start_token_id=0)),
+    Case("whisper", "speech", _whisper),
+    # vision
+    Case("vit", "vision", _image_classifier("ViTConfig", hidden_size=32, num_hidden_layers=4, num_attention_heads=4,
+                                            intermediate_size=64, image_size=32, patch_size=4,
+                                            hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1)),
+    Case("deit", "vision", _image_classifier("DeiTConfig", model_class="DeiTForImageClassification", hidden_size=32, num_hidden_layers=4, num_attention_heads=4,
+                                             intermediate_size=64, image_size=32, patch_size=4,
+                                             hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1)),
+    Case("swin", "vision", _image_classifier("SwinConfig", image_size=32, patch_size=2, embed_dim=16, depths=[2, 2],
+                                             num_heads=[2, 4], window_size=4, hidden_dropout_prob=0.1,
+                                             attention_probs_dropout_prob=0.1, drop_path_rate=0.1)),
+    Case("convnext", "vision", _image_classifier("ConvNextConfig", hidden_sizes=[16, 32], depths=[3, 3], num_stages=2,
+                                                 drop_path_rate=0.1, image=64),
+         note="64x64 images: at 32x32 its 7x7 depthwise convolutions' backward scratch (1.6 MiB) exceeded 50%"),
+    Case("resnet", "vision", _image_classifier("ResNetConfig", embedding_size=16, hidden_sizes=[16, 32, 64],
+                                               depths=[2, 2, 2], layer_type="basic", image=64, batch=16),
+         infeasible=(("50%", "CP-SAT's lower bound: the stem BatchNorm's backward holds four 1 MiB tensors at once, "
+                             "4.00 MiB of activations against 2.73 MiB allowed"),)),
+    Case("mobilevit", "vision", _image_classifier("MobileViTConfig", image_size=32, patch_size=2,
+                                                  hidden_sizes=[16, 24, 32], neck_hidden_sizes=[8, 8, 16, 16, 24, 32, 64],
+                                                  num_attention_heads=2, hidden_dropout_prob=0.1,
+                                                  attention_probs_dropout_prob=0.1),
+         solver="cpsat", time_limit=20.0,
+         note="CP-SAT: the chain DP's least budget is 76% (its convolution and transformer blocks do not form a chain)",
+         infeasible=(("50%", "CP-SAT's lower bound: every schedule holds at least 1.79 MiB of activations, 1.38 MiB "
+                             "allowed"),)),
+    Case("clip", "multimodal", _clip),
+    # torch.nn
+    Case("nn-transformer-encoder", "torch.nn", _transformer_encoder(causal=False),
+         xfail=("predicted 1.0-3.4% above the measured peak (26-60 KiB, depending on the schedule the machine's "
+                "timings lead the DP to, and on the loss): conservative, the plan within its budget, cause not found"),
+         xfail_strict=False),
+    Case("nn-transformer-encoder-mask", "torch.nn", _transformer_encoder(causal=True),
+         note="a causal mask without is_causal", xfail=("predicted 1.0-3.4% above the measured peak (26-60 KiB, depending on the schedule the machine's "
+                "timings lead the DP to, and on the loss): conservative, the plan within its budget, cause not found"),
+         xfail_strict=False),
+    Case("nn-vit", "torch.nn", _torch_vit, fast=True, note="ViT on nn.TransformerEncoder(batch_first)"),
+    Case("nn-lstm", "torch.nn", _recurrent(nn.LSTM), fast=True),
+    Case("nn-gru", "torch.nn", _recurrent(nn.GRU),
+         infeasible=tuple((budget, "nn.GRU(num_layers=4) traces to 4003 ops in one module: one node at module "
+                                   "granularity (CP-SAT: 2.60 MiB of activations at least, 2.17 MiB allowed at 75%); "
+                                   "at op granularity the chain view makes each layer's 32 steps one stage, and dp's "
+                                   "least budget is 80%. Recomputing across time steps is issue 16's third item")
+                          for budget in ("50%", "75%"))),
+    Case("nn-unet", "torch.nn", _unet, solver="cpsat", time_limit=20.0,
+         note="CP-SAT: its skip connections cross every stage, so the chain DP sees one stage"),
+    Case("nn-moe-top2", "torch.nn", _moe),
+    Case("nn-control-flow", "torch.nn", _control_flow, fast=True, note="untraceable: the fallback plan"),
+]
+BY_NAME = {case.name: case for case in CASES}
+
+
+# -- running a case ----------------------------------------------------------------------------------
+def training_step(model: nn.Module, inputs, loss_fn, seed: int = SEED):
+    """One step from a fixed seed: (loss, {name: grad}, RNG state after the step)."""
+    torch.manual_seed(seed)
+    for p in model.parameters():
+        p.grad = None
+    output = model(**inputs) if isinstance(inputs, dict) else model(*inputs)
+    loss = loss_fn(output)
+    loss.backward()
+    grads = {name: p.grad.detach().clone() for name, p in model.named_parameters() if p.grad is not None}
+    for p in model.parameters():
+        p.grad = None
+    return loss.detach(), grads, torch.get_rng_state()
+
+
+def gradient_difference(a: dict, b: dict) -> tuple[float, float]:
+    """(max |a - b|, max over parameters of |a - b| / max |a|); inf when they name other parameters."""
+    if a.keys() != b.keys():
+        return float("inf"), float("inf")
+    worst_abs = worst_rel = 0.0
+    for name in a:
+        diff = (a[name] - b[name]).abs().max().item()
+        worst_abs = max(worst_abs, diff)
+        worst_rel = max(worst_rel, diff / (a[name].abs().max().item() or 1.0))
+    return worst_abs, worst_rel
+
+
+def run_case(case: Case, budgets=BUDGETS) -> list[Row]:
+    """Plan ``case`` at each budget, apply, measure, compare with the unplanned model."""
+    started = time.perf_counter()
+    model, inputs, loss_fn = case.build()
+    model.train()
+    reference = training_step(model, inputs, loss_fn)
+    try:
+        profile = profiler.profile(model, inputs, loss_fn=loss_fn)
+    except profiler.TraceError:
+        profile = None  # planner.plan falls back
+    rows = []
+    out_of_reach = dict(case.infeasible)
+    for budget in budgets:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", planner.FallbackWarning)
+            try:
+                plan = planner.plan(model, inputs, budget=budget, solver=case.solver, loss_fn=loss_fn,
+                                    profile=profile, time_limit=case.time_limit)
+            except planner.BudgetInfeasible as error:
+                if budget not in out_of_reach:
+                    raise
+                rows.append(_infeasible_row(case, budget, profile is not None, out_of_reach[budget],
+                                            int(error.min_budget or 0), time.perf_counter() - started))
+                started = time.perf_counter()
+                continue
+        planned = planner.apply(model, plan)
+        measured = profiler.measure_step(planned, inputs, loss_fn=loss_fn, repeats=1)
+        loss, grads, rng = training_step(planned, inputs, loss_fn)
+        abs_diff, rel_diff = gradient_difference(reference[1], grads)
+        rows.append(Row(
+            case=case.name, budget_text=budget, traced=profile is not None, budget_bytes=plan.budget_bytes,
+            predicted_bytes=plan.predicted_peak_bytes, measured_bytes=measured.peak_bytes,
+            unplanned_bytes=plan.unplanned_peak_bytes, grad_max_abs_diff=abs_diff, grad_max_rel_diff=rel_diff,
+            same_loss=bool(torch.equal(loss, reference[0])), same_rng=bool(torch.equal(rng, reference[2])),
+            seconds=time.perf_counter() - started,
+            infeasible_reason=out_of_reach.get(budget, ""), min_budget_bytes=-1 if budget in out_of_reach else 0,
+        ))
+        started = time.perf_counter()
+    return rows
+
+
+def _infeasible_row(case: Case, budget: str, traced: bool, reason: str, minimum: int, seconds: float) -> Row:
+    return Row(case=case.name, budget_text=budget, traced=traced, budget_bytes=0, predicted_bytes=0,
+               measured_bytes=0, unplanned_bytes=0, grad_max_abs_diff=0.0, grad_max_rel_diff=0.0, same_loss=True,
+               same_rng=True, seconds=seconds, infeasible_reason=reason, min_budget_bytes=minimum)
+
+
+def failures(row: Row) -> list[str]:
+    """What is wrong with a row (empty when it passes)."""
+    if row.infeasible_reason:
+        return ["planned within a budget declared out of reach: update the case"] if row.min_budget_bytes < 0 else []
+    problems = []
+    if row.measured_bytes > row.budget_bytes:
+        problems.append(f"measured {row.measured_bytes} B over the budget {row.budget_bytes} B")
+    if row.traced and abs(row.predicted_bytes - row.measured_bytes) > PREDICTION_TOLERANCE * row.measured_bytes:
+        problems.append(f"predicted {row.predicted_bytes} B, measured {row.measured_bytes} B "
+                        f"({100 * row.prediction_error:+.2f}%)")
+    if row.grad_max_abs_diff != 0.0:
+        problems.append(f"gradients differ from the unplanned model's (max |diff| {row.grad_max_abs_diff:.3g})")
+    if not row.same_loss:
+        problems.append("the loss differs from the unplanned model's")
+    if not row.same_rng:
+        problems.append("the RNG state after the step differs from the unplanned model's")
+    return problems
+
+
+# -- the table -----------------------------------------------------------------------------------------
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.3f}"
+
+
+def table(rows: list[Row]) -> str:
+    lines = [
+        "| model | plan | budget | budget MiB | predicted MiB | measured MiB | predicted vs measured | "
+        "unplanned MiB | grad max abs diff | time s | result |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for row in rows:
+        problems = failures(row)
+        if row.infeasible_reason and not problems:
+            lines.append(f"| {row.case} | {'traced' if row.traced else 'fallback'} | {row.budget_text} | "
+                         f"out of reach: least {_mib(row.min_budget_bytes)} | | | | | | {row.seconds:.1f} | "
+                         f"infeasible (expected): {row.infeasible_reason} |")
+            continue
+        lines.append(
+            f"| {row.case} | {'traced' if row.traced else 'fallback'} | {row.budget_text} | "
+            f"{_mib(row.budget_bytes)} | {_mib(row.predicted_bytes)} | {_mib(row.measured_bytes)} | "
+            f"{100 * row.prediction_error:+.2f}% | {_mib(row.unplanned_bytes)} | {row.grad_max_abs_diff:.3g} | "
+            f"{row.seconds:.1f} | {'pass' if not problems else 'FAIL: ' + '; '.join(problems)} |"
+        )
+    return "\n".join(lines)
+
+
+DOC_HEADER = """# The model zoo
+
+Every architecture below is built from a tiny configuration (no weights), with dropout on (train
+mode), and planned with the chain DP (`solver="dp"`) at 50% and 75% of its un-checkpointed peak.
+Generated by `python benchmarks/zoo.py` (the same cases as `python -m pytest -m zoo tests/test_zoo.py`;
+a fast subset runs in the default test run).
+
+- **measured**: the planned step's peak from the CPU allocator's events (`profiler.measure_step`):
+  parameters, buffers and inputs plus the most the step allocated, independent of the plan;
+- **predicted vs measured**: (predicted - measured) / measured; the tests allow 2%;
+- **grad max abs diff**: against the unplanned model's gradients from the same seed (so also every
+  dropout mask); the tests require 0, the same loss and the same RNG state after the step;
+- **plan**: `traced` (the schedule runs the traced step) or `fallback` (the tracer cannot follow the
+  model: whole blocks checkpointed with torch.utils.checkpoint, figures measured, not predicted);
+- **time**: building, profiling (in the first row of a model), planning, applying and checking, in
+  seconds on this machine ({machine}).
+
+"""
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", default="", help="comma-separated case names (default: every case)")
+    parser.add_argument("--out", default=os.path.join(ROOT, "docs", "zoo.md"), help="the markdown file to write")
+    args = parser.parse_args(argv)
+    names = [n for n in args.only.split(",") if n] or [c.name for c in CASES]
+    unknown = [n for n in names if n not in BY_NAME]
+    if unknown:
+        parser.error(f"unknown cases: {', '.join(unknown)} (known: {', '.join(BY_NAME)})")
+    rows: list[Row] = []
+    errors: list[str] = []
+    for name in names:
+        try:
+            case_rows = run_case(BY_NAME[name])
+        except Exception as error:  # a case that raises is a row of the bug list, not the end of the run
+            errors.append(f"| {name} | {type(error).__name__}: {str(error).splitlines()[0][:200]} |")
+            print(f"{name}: {errors[-1]}", flush=True)
+            continue
+        rows.extend(case_rows)
+        print(table(case_rows).splitlines()[-2] if len(case_rows) > 1 else "", flush=True)
+        print(table(case_rows).splitlines()[-1], flush=True)
+    text = table(rows)
+    if errors:
+        text += "\n\nCases that raised:\n\n| model | error |\n|---|---|\n" + "\n".join(errors)
+    print(text)
+    machine = f"torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} cores"
+    with open(args.out, "w") as out:
+        out.write(DOC_HEADER.format(machine=machine) + text + "\n")
+    return 1 if errors or any(failures(r) for r in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
