@@ -228,7 +228,8 @@ def run_plan(argv: list[str]) -> int:
 
                     found = find_max_batch(model_file.model, model_file.example_inputs, budget, solver=args.solver,
                                            max_overhead=args.max_overhead, loss_fn=model_file.loss_fn,
-                                           time_limit=args.time_limit, granularity=args.granularity, progress=progress)
+                                           time_limit=args.time_limit, granularity=args.granularity, progress=progress,
+                                           inputs_at=model_file.inputs_at)
                     plan = found.plan
                 else:
                     found = None

@@ -145,9 +145,14 @@ def _within(made: Plan, max_overhead: float | None) -> bool:
 
 def find_max_batch(model: torch.nn.Module, example_inputs: Any, budget, solver: str = "auto",
                    max_overhead: float | None = None, loss_fn=None, time_limit: float | None = None,
-                   granularity="module", progress: Progress | None = None) -> MaxBatch:
+                   granularity="module", progress: Progress | None = None,
+                   inputs_at: Callable[[int], Any] | None = None) -> MaxBatch:
     """The largest batch size whose plan fits ``budget`` with overhead at most ``max_overhead``
-    (a fraction: 0.3 is +30%; None: any), and that plan, made from a real profile at that batch."""
+    (a fraction: 0.3 is +30%; None: any), and that plan, made from a real profile at that batch.
+
+    ``inputs_at(batch)`` builds the inputs at a batch size (a model file's ``inputs_at``); without
+    it, dimension 0 of every tensor input is scaled. Plans are traced plans (``executor="traced"``),
+    the class the predictions at other batch sizes are made for."""
     import profiler
 
     from .sweeptasks import Profiled
@@ -156,9 +161,24 @@ def find_max_batch(model: torch.nn.Module, example_inputs: Any, budget, solver: 
     parsed: Budget = parse_budget(budget)
     example = batch_size_of(example_inputs)
 
+    def inputs_for(batch: int):
+        if batch == example:
+            return example_inputs
+        return inputs_at(batch) if inputs_at is not None else scale_inputs(example_inputs, batch)
+
     def profile_at(batch: int):
         with progress.task(f"Profiling at batch size {batch}"):
-            return profiler.profile(model, scale_inputs(example_inputs, batch), loss_fn=loss_fn, granularity=granularity)
+            try:
+                return profiler.profile(model, inputs_for(batch), loss_fn=loss_fn, granularity=granularity)
+            except profiler.CaptureError as error:
+                if batch == example:
+                    raise
+                how = "inputs_at(batch)" if inputs_at is not None else \
+                    f"dimension 0 of every tensor input scaled from {example} to {batch}"
+                raise MaxBatchError(
+                    f"at batch size {batch} ({how}) the step failed: {str(error).rstrip('.')}. --max-batch needs inputs and a loss "
+                    "that follow the batch size: a loss_fn whose targets are sized from the output, and, where "
+                    "scaling dimension 0 is not how the batch grows, inputs_at(batch) in the model file") from None
 
     base = profile_at(example)
     budget_bytes = parsed.resolve(_unplanned_peak(base.graph))  # a percentage: of the example batch's peak
@@ -175,7 +195,8 @@ def find_max_batch(model: torch.nn.Module, example_inputs: Any, budget, solver: 
                             base.granularity, base.device, 0.0, False)
         result.solves += 1
         try:
-            made = plan(None, None, budget_bytes, solver=solver, time_limit=time_limit, profile=stand_in.as_profile())
+            made = plan(None, None, budget_bytes, solver=solver, time_limit=time_limit, profile=stand_in.as_profile(),
+                        executor="traced")
         except BudgetInfeasible:
             fits = False
         else:
@@ -188,13 +209,14 @@ def find_max_batch(model: torch.nn.Module, example_inputs: Any, budget, solver: 
         batch = largest_fitting(predicted_fits, example, below)
         if batch == 0:
             raise MaxBatchError(_nothing_fits(parsed, budget_bytes, max_overhead))
-        inputs = scale_inputs(example_inputs, batch)
+        inputs = inputs_for(batch)
         real = base if batch == example else profile_at(batch)
         if batch not in profiled:
             profiled.append(batch)
         try:
             with progress.task(f"Planning at batch size {batch}"):
-                made = plan(model, inputs, budget_bytes, solver=solver, time_limit=time_limit, profile=real)
+                made = plan(model, inputs, budget_bytes, solver=solver, time_limit=time_limit, profile=real,
+                            executor="traced")
         except BudgetInfeasible:
             made = None
         if made is not None and _within(made, max_overhead):

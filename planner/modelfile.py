@@ -38,6 +38,9 @@ class ModelFile:
     model: Any  # torch.nn.Module
     example_inputs: Any
     loss_fn: Callable | None
+    # Optional inputs_at(batch) -> example inputs at that batch size, for --max-batch: where scaling
+    # dimension 0 of every tensor input is not how the model's batch grows.
+    inputs_at: Callable | None = None
 
 
 # -- sys.exit() and os._exit() in the user's code ------------------------------------------------------
@@ -225,4 +228,11 @@ def load_model_file(path: str, model_fn: str = "build_model", inputs_fn: str = "
         model = model.to(target)
         inputs = to_device(inputs, target)
     model.train()
-    return ModelFile(path, model, inputs, loss)
+    inputs_at = own_function(module, "inputs_at", path, "inputs_at", required=False)
+    if inputs_at is not None and device is not None:
+        inputs_at = functools.partial(_inputs_on, inputs_at, torch.device(device))
+    return ModelFile(path, model, inputs, loss, inputs_at)
+
+
+def _inputs_on(inputs_at: Callable, device, batch: int):
+    return to_device(inputs_at(batch), device)

@@ -109,3 +109,51 @@ def test_search_finds_the_boundary_of_a_monotone_predicate():
     assert largest_fitting(lambda b: b <= 100, 64, below=90) == 89
     with pytest.raises(MaxBatchError, match="does not seem to grow"):
         largest_fitting(lambda b: True, 8)
+
+
+SEQUENCE_FIRST = """
+import torch
+from torch import nn
+
+def build_model():
+    torch.manual_seed(0)
+    return nn.Sequential(*[nn.Sequential(nn.Linear(32, 32), nn.Tanh()) for _ in range(8)])
+
+def example_inputs():
+    return (torch.randn(4, 16, 32, generator=torch.Generator().manual_seed(0)),)  # (time, batch, features)
+
+def inputs_at(batch):
+    return (torch.randn(4, batch, 32, generator=torch.Generator().manual_seed(0)),)
+
+def loss_fn(output):
+    return output.pow(2).mean()
+"""
+
+FIXED_LABELS = MODEL + """
+LABELS = torch.zeros(64, dtype=torch.long)
+
+def loss_fn(output):
+    return torch.nn.functional.cross_entropy(output, LABELS)
+"""
+
+
+def test_a_loss_with_fixed_size_targets_is_named_as_what_stopped_it(tmp_path):
+    result = run(model_file(tmp_path, FIXED_LABELS), "--budget", BUDGET, "--solver", "chen-greedy", "--max-batch",
+                 "--out", tmp_path / "plan.json")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "at batch size 32 (dimension 0 of every tensor input scaled from 64 to 32) the step failed: the loss" \
+        in result.stderr, result.stderr
+    assert "loss_fn whose targets are sized from the output" in result.stderr
+    assert not (tmp_path / "plan.json").exists()
+
+
+def test_inputs_at_builds_the_inputs_at_each_batch(tmp_path):
+    """Dimension 0 is time here: scaling it would change the sequence, not the batch."""
+    out = tmp_path / "plan.json"
+    result = run(model_file(tmp_path, SEQUENCE_FIRST), "--budget", 200_000, "--solver", "chen-greedy",
+                 "--max-batch", "--out", out, "--json")
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout)
+    batch = summary["batch_size"]
+    assert summary["example_batch_size"] == 4 or batch != 16  # the search ran over the real batch dimension
+    assert planner.load(out).inputs == [f"float32[4, {batch}, 32] on cpu"]
