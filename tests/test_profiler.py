@@ -431,3 +431,17 @@ def test_a_failure_while_profiling_leaves_no_profiler_running(tmp_path):
                             env={**__import__("os").environ, "PYTHONPATH": root})
     assert "caught: needs grad mode" in result.stdout, result.stderr[-2000:]
     assert result.returncode == 0, result.stderr[-2000:]
+
+
+def test_a_gru_recomputed_in_full_gives_the_same_gradients():
+    """nn.GRU on CPU traces to its time steps' aten ops: every forward node recomputed in the
+    backward (the heaviest schedule) gives eager's gradients and dropout masks."""
+    import planner
+    from schedules import recompute_everything, with_schedule
+
+    model = RecurrentLM(torch.nn.GRU, layers=2)
+    inputs = (torch.randint(0, 50, (4, 8), generator=torch.Generator().manual_seed(0)),)
+    loss = lambda out: out.pow(2).mean()  # noqa: E731
+    plan = planner.plan(model, inputs, budget="100%", solver="store-all", loss_fn=loss, granularity="module:1")
+    plan = with_schedule(plan, recompute_everything(plan.graph))
+    _same_step(model, planner.apply(model, plan), inputs, loss)
