@@ -127,6 +127,8 @@ def _plan_parser() -> argparse.ArgumentParser:
     parser.add_argument("--out", default="plan.json", help="where to write the plan (default: plan.json); never one of the inputs")
     parser.add_argument("--json", action="store_true", help="print a JSON summary instead of text (errors too)")
     parser.add_argument("--time-limit", type=_time_limit, default=None, help="seconds the solver may search")
+    parser.add_argument("--profile-time-limit", type=_time_limit, default=None,
+                        help="seconds profiling the model may take (default: no limit); past it, exit status 4")
     parser.add_argument("--model-fn", default="build_model", help="function building the model (default: build_model)")
     parser.add_argument("--inputs-fn", default="example_inputs", help="function giving example inputs (default: example_inputs)")
     parser.add_argument("--granularity", default="module", type=_granularity,
@@ -251,8 +253,12 @@ def _make_plan(args, model_file, budget, progress):
     import profiler
     from planner import api
 
+    from planner.timebound import time_bound
+
     untraceable = None
-    with progress.task(f"Profiling {type(model_file.model).__name__}"):
+    bound = f"profiling took longer than --profile-time-limit {args.profile_time_limit:g} s" \
+        if args.profile_time_limit else ""
+    with progress.task(f"Profiling {type(model_file.model).__name__}"), time_bound(args.profile_time_limit, bound):
         try:
             profile = api.profile_for(model_file.model, model_file.example_inputs, loss_fn=model_file.loss_fn,
                                       granularity=args.granularity, solver=args.solver, executor=args.executor)
@@ -275,7 +281,9 @@ class _OutOfTime(TimeoutError):
 
 def _out_of_time(error: TimeoutError, args) -> TimeoutError:
     """The solver's own words are about the activations it schedules; say first what the user asked."""
-    if isinstance(error, _OutOfTime):
+    from planner.timebound import PhaseTimeout
+
+    if isinstance(error, (_OutOfTime, PhaseTimeout)):
         return error
     limit = f"--time-limit {args.time_limit:g} s" if args.time_limit else "its default time limit"
     detail = " ".join(str(error).split())

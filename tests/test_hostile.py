@@ -876,3 +876,33 @@ def test_fuzz_sweep_files(tmp_path):
             assert "\n" not in str(error)
 
     one()
+
+
+SLOW = """
+import time
+import torch
+from torch import nn
+
+class Slow(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(8, 8)
+
+    def forward(self, x):
+        time.sleep(0.5)  # a model whose step takes long: profiling runs it several times
+        return self.linear(x)
+
+def build_model():
+    return Slow()
+
+def example_inputs():
+    return (torch.randn(4, 8),)
+"""
+
+
+def test_profiling_can_be_bounded(tmp_path):
+    (tmp_path / "slow.py").write_text(SLOW)
+    before = snapshot(tmp_path)
+    result = cli("slow.py", "--budget", "100%", "--profile-time-limit", "1", "--out", "p.json", cwd=tmp_path)
+    assert_refused(result, EXIT_TIMEOUT, "profiling took longer than --profile-time-limit 1 s", seconds=60)
+    assert snapshot(tmp_path) == before
