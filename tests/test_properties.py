@@ -15,7 +15,7 @@ from solvers.exhaustive import min_cost_schedule
 
 # ilp and cpsat search: keep their graphs small so that a hypothesis run stays in seconds.
 FAST_METHODS = ["store-all", "chen-sqrtn", "chen-greedy", "revolve", "dp"]
-SEARCH_METHODS = ["ilp", "cpsat"]
+SEARCH_METHODS = ["ilp", "cpsat", "orderfree"]
 
 
 def graphs(max_nodes: int):
@@ -114,7 +114,7 @@ def test_every_method_refuses_an_unknown_option_alike(method):
         solve(graph, store_all_peak(graph), method=method, slotz=3)
     accepted = {"revolve": "slots=", "dp": "levels=", "ilp": "backend=", "cpsat": "workers="}
     assert accepted.get(method, "") in str(raised.value)
-    if method in ("store-all", "chen-sqrtn", "chen-greedy", "exhaustive", "auto"):
+    if method in ("store-all", "chen-sqrtn", "chen-greedy", "exhaustive", "orderfree", "auto"):
         assert str(raised.value).endswith("it accepts time_limit=")
 
 

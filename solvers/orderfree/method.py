@@ -19,7 +19,10 @@ NO_GOOD_CUTS = 2
 OPTIMALITY_TOLERANCE = 1e-7
 # Graphs this small fall back on the exhaustive search (solvers/exhaustive.py) where no layout fits.
 EXACT_FALLBACK_NODES = 20
-# Share of the time left given to the first MILP solve (the rest: repairs and heuristics).
+# Share of the time left given to each fast heuristic (dp, chen-greedy) before the relaxation.
+HEURISTIC_SHARE = 0.15
+# Share of the time left given to the LP relaxation, then to the first MILP solve (the rest: repairs and heuristics).
+LP_SHARE = 0.5
 FIRST_SOLVE_SHARE = 0.7
 
 
@@ -46,21 +49,37 @@ def solve_orderfree(graph, budget: int, time_limit: float | None = None) -> Sche
     if outcome.peak_bytes <= budget:
         return store_all.with_info(method=METHOD, status=OPTIMAL, gap=0.0, lower_bound=base,
                                    message="store-all fits the budget")
-    model = OrderFreeModel(costs, budget, choose_milestones(costs)).build(clock)
-    first = model.solve(clock.share(FIRST_SOLVE_SHARE))
+    # The fast heuristics first: their schedules stand when the MILP runs out of time.
+    found = _fallbacks(graph, budget, clock, ("dp", "chen-greedy"), HEURISTIC_SHARE)
+    notes = []  # found: (cost, peak, schedule, source)
+    try:
+        model = OrderFreeModel(costs, budget, choose_milestones(costs)).build(clock)
+        # The LP first: its value is a bound even where the MILP's root does not finish in time
+        # (501 nodes: the LP takes ~4 s); on small graphs it costs milliseconds.
+        lp = model.solve(clock.share(LP_SHARE), integral=False)
+        first = lp if lp.infeasible else model.solve(clock.share(FIRST_SOLVE_SHARE))
+        if lp.bound is not None and (first.bound is None or first.bound < lp.bound):
+            first.bound = lp.bound
+    except SolverTimeout as error:
+        if not found:
+            raise
+        model, first = None, Relaxation(None)
+        notes.append(str(error))
     bound = base if first.bound is None else max(base, first.bound)
-    found, notes = [], []  # (cost, peak, schedule, source)
     if first.infeasible:
         least = _fallback_minimum(graph, costs, outcome.peak_bytes, clock)
         raise Infeasible(f"orderfree: the order-free relaxation proves that no schedule fits in {budget} bytes; "
                          f"the least budget this method meets is {least} bytes", min_budget=least, method=METHOD)
-    laid = _laid_out(graph, costs, model, first, budget, clock)
-    if laid is not None:
-        found.append(laid)
-    if not (found and found[0][0] - bound <= OPTIMALITY_TOLERANCE * max(found[0][0], 1e-12)):
-        found += _fallbacks(graph, costs, budget, clock)
+    laid = None if model is None else _laid_out(graph, costs, model, first, budget, clock)
+    found += [laid] if laid is not None else []
+    best = min((item[0] for item in found), default=None)
+    unproven = best is None or best - bound > OPTIMALITY_TOLERANCE * max(best, 1e-12)
+    if unproven and costs.n <= EXACT_FALLBACK_NODES:
+        found += _fallbacks(graph, budget, clock, ("exhaustive",), 0.5)
     if not found:
-        least = None if clock.expired() else _fallback_minimum(graph, costs, outcome.peak_bytes, clock)
+        # Out of time, or the MILP stopped by its share of it: more time may find one.
+        stopped = clock.expired() or not first.proven
+        least = None if stopped else _fallback_minimum(graph, costs, outcome.peak_bytes, clock)
         if least is None or least <= budget:
             raise SolverTimeout(f"orderfree: no schedule within {budget} bytes found in {clock.limit:g} s",
                                 method=METHOD)
@@ -68,15 +87,20 @@ def solve_orderfree(graph, budget: int, time_limit: float | None = None) -> Sche
                          f"fallbacks found none; the least budget this method meets is {least} bytes",
                          min_budget=least, method=METHOD)
     cost, peak, schedule, source = min(found, key=lambda item: (item[0], item[1]))
+    if source == "exhaustive" and schedule.info.status == OPTIMAL:
+        bound = max(bound, schedule.info.lower_bound)  # the search proved its optimum: a bound too
     lower = min(bound, cost)
     gap = 0.0 if cost <= 0 else (cost - lower) / cost
     status = OPTIMAL if gap <= OPTIMALITY_TOLERANCE else FEASIBLE
-    if not first.proven:
+    if status == OPTIMAL:  # proven up to the solver's tolerance (the bound is lowered by BOUND_SAFETY)
+        lower, gap = cost, 0.0
+    elif model is not None and not first.proven:
         notes.append("time limit reached before the relaxation was solved: its dual bound stands")
-    notes.insert(0, f"{source}; bound of the order-free relaxation with {len(model.marks)} milestones")
-    return schedule.with_info(method=METHOD, status=status, gap=0.0 if status == OPTIMAL else gap,
-                              lower_bound=lower, budget_bytes=budget, compute_cost=cost,
-                              predicted_peak_bytes=peak, message="; ".join(notes))
+    marks = "" if model is None else f"; bound of the order-free relaxation with {len(model.marks)} milestones"
+    source = source if source.startswith(("its", "the relax")) else f"{source}'s schedule"
+    return schedule.with_info(method=METHOD, status=status, gap=gap, lower_bound=lower, budget_bytes=budget,
+                              compute_cost=cost, predicted_peak_bytes=peak,
+                              message="; ".join([source + marks] + notes))
 
 
 def _laid_out(graph, costs: NodeCosts, model: OrderFreeModel, first: Relaxation, budget: int, clock: Clock):
@@ -111,15 +135,16 @@ def _laid_out(graph, costs: NodeCosts, model: OrderFreeModel, first: Relaxation,
     return None
 
 
-def _fallbacks(graph, costs: NodeCosts, budget: int, clock: Clock) -> list:
-    """(cost, peak, schedule, source) of the fast heuristics that fit, and on graphs of at most
-    ``EXACT_FALLBACK_NODES`` nodes the exhaustive search (a share of the time): where no layout
-    fits (tight budgets: the order between milestones decides the peak) they still give one."""
+def _fallbacks(graph, budget: int, clock: Clock, methods: tuple, share: float) -> list:
+    """(cost, peak, schedule, source) of the other methods' schedules that fit, each given ``share``
+    of the time left: the fast heuristics (their schedules stand where the MILP runs out of time)
+    and, on graphs of at most ``EXACT_FALLBACK_NODES`` nodes, the exhaustive search (where no
+    layout fits, or the bound is loose: the order between milestones decides the peak)."""
     found = []
-    for method in ("dp", "chen-greedy") + (("exhaustive",) if costs.n <= EXACT_FALLBACK_NODES else ()):
+    for method in methods:
         if clock.expired():
             break
-        other = schedule_from(graph, budget, method, clock.share(0.5))
+        other = schedule_from(graph, budget, method, clock.share(share))
         if other is not None:
             found.append((other.info.compute_cost, other.info.predicted_peak_bytes, other, method))
     return found

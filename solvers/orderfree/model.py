@@ -345,17 +345,20 @@ class OrderFreeModel:
 
 
 def order_free_bound(graph, budget: int, seconds: float | None = 2.0, integral: bool = True,
-                     costs: NodeCosts | None = None) -> float:
+                     costs: NodeCosts | None = None, max_columns: int = MAX_COLUMNS) -> float:
     """Seconds of computation every schedule of ``graph`` within ``budget`` bytes needs, in any order
-    (module docstring): the relaxation's MILP dual bound (``integral``) or LP value, solved within
-    ``seconds``; ``math.inf`` when no schedule fits. Never below computing every node once."""
+    (package docstring): the relaxation's MILP dual bound (``integral``) or LP value, solved within
+    ``seconds`` (building included); ``math.inf`` when no schedule fits. Never below computing
+    every node once, which it returns when the time runs out first. ``costs``: the graph indexed
+    in some topological order (default :func:`solvers.graph.node_costs`); ``max_columns`` thins
+    the milestones (:func:`choose_milestones`)."""
     costs = node_costs(graph) if costs is None else costs
     once = float(sum(costs.cost))
     if costs.n == 0:
         return 0.0
     clock = Clock(seconds)
     try:
-        model = OrderFreeModel(costs, budget, choose_milestones(costs)).build(clock)
+        model = OrderFreeModel(costs, budget, choose_milestones(costs, max_columns)).build(clock)
         result = model.solve(clock.left(), integral)
     except (SolverTimeout, SolverUnavailable):
         return once
