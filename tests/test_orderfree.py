@@ -176,3 +176,31 @@ def test_the_time_limit_holds_on_a_large_graph(share):
         assert info.status == "feasible" and info.lower_bound <= info.compute_cost
         assert info.lower_bound > sum(graph.nodes[v]["cost"] for v in graph)  # more than computing all once
     assert time.perf_counter() - started < 5 + 3  # the limit, plus the fallbacks' granularity
+
+
+def test_auto_certifies_with_the_order_free_bound_and_says_so():
+    # Checkmate's unit linear graph at 70% of its peak: chen-greedy's schedule is optimal, and the
+    # order-free bound proves it, so cpsat never runs.
+    graph = training_graph(8, unit=True)
+    schedule = solve(graph, int(store_all_peak(graph) * 0.7), method="auto", time_limit=20)
+    info = schedule.info
+    assert info.status == "optimal" and info.gap == 0.0 and info.lower_bound == info.compute_cost
+    assert "proven optimal by the order-free relaxation's bound" in info.message
+    assert "cpsat" not in info.message.split(";")[0]
+    optimum = min_cost_schedule(graph, int(store_all_peak(graph) * 0.7)).info.compute_cost
+    assert info.compute_cost == optimum
+
+    # Where the fast schedules are above the bound, cpsat runs and its result is certified.
+    graph = training_graph(10, seed=1)
+    schedule = solve(graph, int(store_all_peak(graph) * 0.7), method="auto", time_limit=20)
+    assert "cheapest of dp, chen-greedy, cpsat" in schedule.info.message
+    assert schedule.info.status == "optimal" and "proven optimal by" in schedule.info.message
+
+
+def test_auto_reports_the_gap_to_the_best_bound_when_unproven():
+    graph = training_graph(60, seed=3, skips=8)
+    schedule = solve(graph, int(store_all_peak(graph) * 0.6), method="auto", time_limit=2)
+    info = schedule.info
+    assert info.status == "feasible" and 0 < info.gap < 1
+    assert info.gap == pytest.approx((info.compute_cost - info.lower_bound) / info.compute_cost)
+    assert f"within {info.gap:.2%} of " in info.message and "bound" in info.message

@@ -7,7 +7,7 @@ import math
 import os
 import time
 from dataclasses import dataclass
-from typing import Callable
+from collections.abc import Callable
 
 from .. import exhaustive
 from ..bounds import BOUND_SECONDS, Backward
@@ -15,6 +15,7 @@ from ..clock import Clock
 from ..errors import Infeasible, SolverTimeout, SolverUnavailable
 from ..graph import NodeCosts, node_costs, total_cost
 from ..options import time_limit_or_default
+from ..orderfree import ORDER_FREE_SECONDS, order_free_bound
 from ..schedule import Schedule
 from ..simulate import Simulation
 from .counts import (COUNT_CEILING, Counts, capped_lower_bound, counts_of, interval_counts, max_computations,
@@ -207,13 +208,15 @@ def solve_cpsat(graph, budget: int, time_limit: float | None = None, *, workers:
     return finish(*cost_phase(graph, costs, memory, budget, known, clock, workers, hard_cap, horizon_limit))
 
 
-def _cost_floor(costs: NodeCosts, budget: int, cost_scale: CostScale, clock: Clock) -> tuple[float, float]:
+def _cost_floor(graph, costs: NodeCosts, budget: int, cost_scale: CostScale, clock: Clock) -> tuple[float, float]:
     """The backward cost bound, in model units and in seconds (at least computing every node once;
-    units are rounded down, so it stays a valid bound)."""
+    units are rounded down, so it stays a valid bound); in seconds also the order-free
+    relaxation's (solvers/orderfree), which often proves the best hint optimal before any search."""
     floor_units = Backward(costs, seconds=bound_seconds(clock)).cost(budget, cost_scale.units)
-    if math.isinf(floor_units):  # no schedule fits, yet one is known: a bug in the bound
-        raise AssertionError("cpsat: the backward cost bound says no schedule fits the budget")
-    return floor_units, max(float(sum(costs.cost)), cost_scale.seconds(floor_units))
+    relaxed = order_free_bound(graph, budget, min(ORDER_FREE_SECONDS, 0.1 * (clock.left() or 0.0)), costs=costs)
+    if math.isinf(floor_units) or math.isinf(relaxed):  # no schedule fits, yet one is known: a bug
+        raise AssertionError("cpsat: a cost bound says no schedule fits the budget")
+    return floor_units, max(float(sum(costs.cost)), cost_scale.seconds(floor_units), relaxed)
 
 
 def _restart_trigger(costs: NodeCosts, cost_scale: CostScale, caps: list[int], horizon: int,
@@ -268,7 +271,7 @@ def cost_phase(graph, costs: NodeCosts, memory: MemoryScale, budget: int, known:
     schedule, and restarts smaller when a better schedule shrinks the counts (rule 3)."""
     n, base = costs.n, float(sum(costs.cost))
     cost_scale = scale_costs(costs.cost, MAX_HORIZON_PER_NODE * max(n, 1))
-    floor_units, floor = _cost_floor(costs, budget, cost_scale, clock)
+    floor_units, floor = _cost_floor(graph, costs, budget, cost_scale, clock)
 
     def hinted() -> list[int]:  # the best schedule's counts, which the model must admit if allowed
         return [min(c, hard_cap) for c in counts_of(n, known.computes)]

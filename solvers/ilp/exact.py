@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import math
 import random
-from typing import Sequence
+from collections.abc import Sequence
 
 from ..bounds import BOUND_SECONDS, cost_lower_bound
 from ..clock import Clock
 from ..errors import Infeasible
 from ..graph import node_costs, validate
 from ..options import time_limit_or_default
+from ..orderfree import ORDER_FREE_SECONDS, order_free_bound
 from ..schedule import FEASIBLE, OPTIMAL, Schedule
 from ..simulate import simulate
 from .backends import Outcome, check_backend, run_backend
@@ -212,6 +213,9 @@ def solve_ilp(graph, budget: int, time_limit: float | None = None, *, backend: s
     costs = trace_costs if order is None else node_costs(graph, order)
     # What every schedule within the budget costs, in any order: the only bound worth reporting.
     order_free = cost_lower_bound(costs, budget, min(BOUND_SECONDS, 0.1 * (deadline.left() or 0.0)))
+    # and the order-free relaxation's (solvers/orderfree): exact where the order is forced
+    order_free = max(order_free, order_free_bound(graph, budget, min(ORDER_FREE_SECONDS, 0.1 * (deadline.left() or 0.0)),
+                                                  costs=costs))
     bound = model_lower_bound(costs)
     if budget < bound and not candidates:
         return _order_free(_no_schedule(graph, costs, budget, backend, deadline, threads,

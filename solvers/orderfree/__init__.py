@@ -51,14 +51,8 @@ bound's gap. An infeasible relaxation proves that no schedule fits the budget.
 """
 
 from .method import solve_orderfree
-from .model import (
-           METHOD,
-           OrderFreeModel,
-           Relaxation,
-           choose_milestones,
-           longest_path,
-           order_free_bound,
-)
+from .model import (METHOD, ORDER_FREE_SECONDS, OrderFreeModel, Relaxation, choose_milestones, longest_path,
+                    order_free_bound)
 
-__all__ = ["METHOD", "OrderFreeModel", "Relaxation", "choose_milestones", "longest_path", "order_free_bound",
-           "solve_orderfree"]
+__all__ = ["METHOD", "ORDER_FREE_SECONDS", "OrderFreeModel", "Relaxation", "choose_milestones", "longest_path",
+           "order_free_bound", "solve_orderfree"]
