@@ -35,7 +35,7 @@ from planner.planfile import graph_from_dict  # noqa: E402
 from solvers import Infeasible, simulate, solve  # noqa: E402
 from solvers.store_all import store_all_schedule  # noqa: E402
 
-METHODS = ["chen-sqrtn", "chen-greedy", "revolve", "dp", "ilp", "cpsat"]
+METHODS = ["chen-sqrtn", "chen-greedy", "revolve", "dp", "ilp", "cpsat", "orderfree"]
 # Not in the default run: cpsat, then ilp warm-started from cpsat's schedule, which fixes the MILP's
 # order of first computations to cpsat's. Its gap is measured in that order only (it bounds no other
 # order), so it says how far cpsat's schedule is from the best with the same order.
