@@ -276,7 +276,11 @@ def _run_planning_loss(model, args, kwargs, loss_fn, repeats: int = 3) -> tuple[
         workspace_bytes=max(0, peak - left),
         value_bytes=values[-1],
     )
-    return info, [g.detach() for _, g in used]
+    # Contiguous, as the zeros a saved plan is traced with (capture(..., loss=...)): a gradient in
+    # the strides of a transposed output traced another backward (a view where the zeros gave a
+    # copy and a view), and the runtime refused the plan made on it (fingerprints differ). The
+    # trace made with contiguous tangents copies whatever layout autograd passes in at run time.
+    return info, [g.detach().contiguous() for _, g in used]
 
 
 def _loss_value_bytes(loss: torch.Tensor, outputs: list[torch.Tensor]) -> int:
@@ -449,7 +453,12 @@ def capture(
 
     flat_inputs = [*trainable.values(), *frozen.values(), *buffers.values(), *input_tensors, *tangents]
     try:
-        with fx_traceback.preserve_node_meta(), _ModuleTagger(model) as tagger, masks_applied_as_given():
+        # Fake tensors' cache off: a cached call made outputs unlike a first call's (the storage of a
+        # copy into a slice, 376 bytes or 384; one tensor or two for oneDNN LSTM's bias gradients),
+        # so the same model traced to graphs with other sizes, and the runtime's trace refused the
+        # plan made on the profiler's (different fingerprints).
+        with fx_traceback.preserve_node_meta(), _ModuleTagger(model) as tagger, masks_applied_as_given(), \
+                torch._dynamo.config.patch(fake_tensor_cache_enabled=False):
             traced = make_fx(joint, tracing_mode="fake", decomposition_table=_DECOMPOSITIONS)(*flat_inputs)
             draw_in_place_masks_like_eager(traced)  # before functionalization rewrites bernoulli_
             with autocast_disabled():  # the first trace recorded autocast's casts; replay them as they are

@@ -70,7 +70,9 @@ def _workspace(nodes: list[str], exports: list[str], graph_nodes: dict, storages
     live: dict = {}
     peak = 0
     for position, name in enumerate(nodes):
-        if base_of.get(name) == name:  # allocates (unit values)
+        # Allocates (unit values). A lifted constant (get_attr) does not: the graph module holds it
+        # for good, and the step reads it where it is.
+        if base_of.get(name) == name and graph_nodes[name].op != "get_attr":
             for s, b in storages.get(name, {}).items():
                 live[s] = b
                 holders.setdefault(s, set()).add(name)
