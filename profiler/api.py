@@ -6,7 +6,8 @@ import hashlib
 import json
 import time
 from dataclasses import dataclass, replace
-from typing import Callable, Protocol
+from typing import Protocol
+from collections.abc import Callable
 
 import networkx as nx
 import torch
@@ -54,20 +55,20 @@ class Profile:
     # What finer() returns: filled by its first call (the planner asks for the finer groupings more
     # than once per plan, and each is a new cost graph), or carried over by a profile rebuilt from
     # plain data without its trace (planner/sweeptasks.py).
-    finer_profiles: tuple["Profile", ...] | None = None
+    finer_profiles: tuple[Profile, ...] | None = None
 
     @property
     def fingerprint(self) -> str:
         return self.graph.graph["fingerprint"]
 
-    def regroup(self, granularity) -> "Profile":
+    def regroup(self, granularity) -> Profile:
         """The same measurements grouped at another granularity (no new measurement)."""
         grouping, label = choose_grouping(self.joint, granularity)
         graph = build_cost_graph(self.joint, grouping, self.times)
         _annotate(graph, self.device, label)
         return Profile(graph, self.joint, grouping, self.times, label, self.device, self.seconds)
 
-    def with_log_probs_recomputed(self) -> "Profile | None":
+    def with_log_probs_recomputed(self) -> Profile | None:
         """The same measurements on the trace whose cross-entropy backward recomputes the
         log-probabilities from the logits (profiler/fusions.py): a logits' worth less held through
         the loss, a log-softmax's time more. None when the step has no such loss, or for a profile
@@ -83,7 +84,7 @@ class Profile:
         _annotate(graph, self.device, label)
         return Profile(graph, joint, grouping, times, label, self.device, self.seconds)
 
-    def finer(self) -> list["Profile"]:
+    def finer(self) -> list[Profile]:
         """The same measurements at every finer granularity (deeper module paths, then single ops),
         one profile per distinct graph, coarsest first; none for a profile without its trace."""
         if self.finer_profiles is not None:

@@ -169,7 +169,7 @@ def _log_softmax_read_by(fused: fx.Node) -> fx.Node | None:
     return source if dim in (1, -1) and half_to_float is False else None
 
 
-def recompute_log_probs(joint: "JointGraph") -> "JointGraph | None":
+def recompute_log_probs(joint: JointGraph) -> JointGraph | None:
     """A copy of ``joint`` whose fused cross-entropy backwards read the logits and recompute the
     log-probabilities in chunks (:func:`cross_entropy_backward_from_logits`): the log-probabilities
     then die with the forward's loss. Fx node names are kept, so the same measured times apply
@@ -198,7 +198,7 @@ def recompute_log_probs(joint: "JointGraph") -> "JointGraph | None":
     return replace(joint, graph_module=fx.GraphModule(joint.graph_module, graph), log_probs_recomputed=True)
 
 
-def recomputed_times(joint: "JointGraph", times: "OpTimes") -> "OpTimes":
+def recomputed_times(joint: JointGraph, times: OpTimes) -> OpTimes:
     """``times`` (measured on the graph :func:`recompute_log_probs` copied) for its copy: each
     backward that recomputes the log-probabilities takes the measured forward log-softmax's time
     more, and one chunk of them more scratch."""

@@ -22,7 +22,7 @@ class TensorSpec:
     requires_grad: bool
 
     @classmethod
-    def of(cls, tensor: torch.Tensor) -> "TensorSpec":
+    def of(cls, tensor: torch.Tensor) -> TensorSpec:
         return cls(tuple(tensor.shape), tensor.dtype, str(tensor.device), tensor.requires_grad)
 
     def describe(self) -> str:
