@@ -91,7 +91,7 @@ class NativePlan(Plan):
         return data
 
     @classmethod
-    def from_dict(cls, data: dict, source: str = "plan") -> "NativePlan":
+    def from_dict(cls, data: dict, source: str = "plan") -> NativePlan:
         try:
             regions = tuple(_text(r) for r in _list(data["regions"]))
             shapes = data.get("input_shapes", {})
@@ -153,7 +153,7 @@ def wrapper_bytes(model: torch.nn.Module, distributed: str | None) -> int:
     return sum(p.numel() * p.element_size() for p in {id(p): p for p in model.parameters() if p.requires_grad}.values())
 
 
-def solve_native(profile: "profiler.Profile", model: torch.nn.Module, budget_bytes: int,
+def solve_native(profile: profiler.Profile, model: torch.nn.Module, budget_bytes: int,
                  time_limit: float | None = None, extra_bytes: int = 0) -> tuple[RegionPlan, int]:
     """The regions for ``budget_bytes`` (whole step) and the bytes held besides their schedule
     (``extra_bytes``, a wrapper's, included)."""
@@ -191,7 +191,7 @@ def measure_native(model: torch.nn.Module, regions, example_inputs, loss_fn, rep
 
 def plan_native(model: torch.nn.Module, example_inputs, budget: Budget, loss_fn=None,
                 time_limit: float | None = None, granularity="module",
-                profile: "profiler.Profile | None" = None, measure: bool = True,
+                profile: profiler.Profile | None = None, measure: bool = True,
                 distributed: str | None = None) -> NativePlan:
     """A :class:`NativePlan` for ``budget``: see the module docstring. Raises :class:`Infeasible`
     (``min_budget`` in whole-step bytes) when no set of regions fits.
