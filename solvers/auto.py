@@ -2,17 +2,20 @@
 
 - If the un-checkpointed step fits, store-all: nothing to recompute, nothing to search.
 - Otherwise the fast planners on the chain view (``dp``, optimal in the chain model, and
-  ``chen-greedy``). On graphs of at most :data:`EXACT_MAX_NODES` nodes, the order-free relaxation's
-  bound (solvers/orderfree, valid over every schedule in every order; at most
-  :data:`BOUND_SECONDS`): when the cheaper of the two meets it, that schedule is proven optimal
-  and nothing else runs.
-- Otherwise, on those graphs, ``cpsat`` under a time limit (default :data:`DEFAULT_EXACT_SECONDS`),
-  hinted with their schedules. The cheapest schedule wins; its ``lower_bound`` is the best bound
+  ``chen-greedy``). On graphs of at most :data:`EXACT_MAX_NODES` nodes, ``orderfree`` (the
+  order-free relaxation of solvers/orderfree: its laid-out optimum, and a bound valid over every
+  schedule in every order) with :data:`ORDERFREE_SHARE` of the exact methods' seconds
+  (``time_limit``, default :data:`DEFAULT_EXACT_SECONDS`); when its bound meets the cheapest
+  schedule's cost, that schedule is proven optimal and nothing else runs.
+- Otherwise, on those graphs, ``cpsat`` with the rest of those seconds, hinted with the fast
+  methods' schedules. The cheapest schedule wins; its ``lower_bound`` is the best bound
   any of them proved (the order-free one, or cpsat's own), its status ``optimal`` when that bound
   meets its cost and ``feasible`` with the gap otherwise; the message says which bound certifies.
 """
 
 from __future__ import annotations
+
+import time
 
 from .errors import Infeasible, SolverUnavailable
 from .schedule import Schedule
@@ -27,9 +30,15 @@ from .store_all import store_all_schedule
 EXACT_MAX_NODES = 250
 DEFAULT_EXACT_SECONDS = 30.0
 FAST_METHODS = ("dp", "chen-greedy")
-# Seconds the order-free bound may take (a 163-node GPT-2 module graph: its LP in under a second;
-# its MILP's dual bound keeps improving for a minute, and whatever it reached by then is valid).
-BOUND_SECONDS = 5.0
+# Then, on graphs of at most EXACT_MAX_NODES nodes: orderfree (its laid-out optimum and a bound over
+# every order), and cpsat only where that bound does not prove the cheapest schedule optimal.
+EXACT_METHODS = ("orderfree", "cpsat")
+# orderfree's share of the exact methods' seconds (time_limit, or DEFAULT_EXACT_SECONDS); cpsat
+# gets what it leaves. Measured (docs/solvers.md): orderfree proves Checkmate's chains and skip
+# graphs of 21-101 nodes and a 161-node U-Net optimal in 0.1-15 s, where cpsat's own search proved
+# none of the chains of 51-101 nodes in 60 s; on GPT-2 module graphs cpsat finds the cheaper
+# schedules and orderfree's bound certifies them.
+ORDERFREE_SHARE = 0.5
 # A cost within this relative distance of a bound is proven optimal (the solvers' tolerance).
 OPTIMALITY_TOLERANCE = 1e-7
 
@@ -46,12 +55,18 @@ def solve_auto(graph, budget: int, time_limit: float | None = None) -> Schedule:
     tried: list[tuple[str, Schedule | None]] = []
     minimums: list[int] = []
     small = graph.number_of_nodes() <= EXACT_MAX_NODES
-    bound: tuple[float, str] | None = None  # (seconds, which bound)
-    for method in (*FAST_METHODS, "cpsat") if small else FAST_METHODS:
-        if method == "cpsat":
-            if _proven(tried, bound):
-                break  # the order-free bound already proves the cheapest fast schedule optimal
-        limit = (time_limit or DEFAULT_EXACT_SECONDS) if method == "cpsat" else time_limit
+    exact_seconds = time_limit or DEFAULT_EXACT_SECONDS
+    exact_started = None
+    for method in (*FAST_METHODS, *EXACT_METHODS) if small else FAST_METHODS:
+        if method == "cpsat" and _proven(tried):
+            break  # the order-free bound already proves the cheapest schedule optimal
+        limit = time_limit
+        if method == "orderfree":
+            exact_started = time.perf_counter()
+            limit = exact_seconds * ORDERFREE_SHARE
+        elif method == "cpsat":  # what orderfree left of the exact methods' seconds, at least a share
+            used = time.perf_counter() - exact_started
+            limit = max(exact_seconds - used, exact_seconds * (1 - ORDERFREE_SHARE) / 2)
         try:
             tried.append((method, solve(graph, budget, method=method, time_limit=limit)))
         except Infeasible as error:
@@ -60,11 +75,6 @@ def solve_auto(graph, budget: int, time_limit: float | None = None) -> Schedule:
                 minimums.append(int(error.min_budget))
         except (TimeoutError, SolverUnavailable):
             tried.append((method, None))
-        if small and method == FAST_METHODS[-1] and any(s is not None for _, s in tried):
-            from .orderfree import order_free_bound
-
-            value = order_free_bound(graph, budget, min(BOUND_SECONDS, time_limit or BOUND_SECONDS))
-            bound = (value, "the order-free relaxation's bound")
     found = [(m, s) for m, s in tried if s is not None]
     names = ", ".join(m for m, _ in tried)
     if not found:
@@ -78,9 +88,7 @@ def solve_auto(graph, budget: int, time_limit: float | None = None) -> Schedule:
     method, best = min(found, key=lambda item: (item[1].info.compute_cost, item[1].info.predicted_peak_bytes))
     others = ", ".join(f"{m} {s.info.compute_cost:.4g} s" for m, s in found if m != method)
     reason = f"auto: {method} was cheapest of {names}" + (f" (others: {others})" if others else "")
-    for m, s in found:  # every method's lower bound holds for every schedule: the best one counts
-        if s.info.lower_bound is not None and (bound is None or s.info.lower_bound > bound[0]):
-            bound = (s.info.lower_bound, f"{m}'s bound")
+    bound = _best_bound(found)
     info, cost = best.info, best.info.compute_cost
     if bound is not None and info.status != "optimal":
         lower = min(bound[0], cost)
@@ -97,7 +105,21 @@ def solve_auto(graph, budget: int, time_limit: float | None = None) -> Schedule:
     return best.with_info(message=reason + note)
 
 
-def _proven(tried, bound) -> bool:
-    """Whether ``bound`` (seconds, label) meets the cost of the cheapest schedule tried so far."""
-    costs = [s.info.compute_cost for _, s in tried if s is not None]
-    return bound is not None and bool(costs) and min(costs) - bound[0] <= OPTIMALITY_TOLERANCE * max(min(costs), 1e-12)
+def _best_bound(found) -> tuple[float, str] | None:
+    """The highest lower bound any method reported (each holds for every schedule, in any order),
+    with what it is: (seconds, words)."""
+    bound = None
+    for method, schedule in found:
+        value = schedule.info.lower_bound
+        if value is not None and (bound is None or value > bound[0]):
+            words = "the order-free relaxation's bound" if method == "orderfree" else f"{method}'s bound"
+            bound = (value, words)
+    return bound
+
+
+def _proven(tried) -> bool:
+    """Whether the best bound so far meets the cost of the cheapest schedule tried so far."""
+    found = [(m, s) for m, s in tried if s is not None]
+    bound = _best_bound(found)
+    cost = min((s.info.compute_cost for _, s in found), default=None)
+    return bound is not None and cost is not None and cost - bound[0] <= OPTIMALITY_TOLERANCE * max(cost, 1e-12)
