@@ -163,7 +163,8 @@ def test_the_time_limit_holds_on_a_large_graph(share):
     # 501 nodes: ~126k columns, built in ~1.3 s, its LP ~4 s, its MILP unproven after 30 s. At 97%
     # of the peak dp's schedule fits (it stands if nothing better comes); at 60% (below dp's least
     # budget) only a laid-out incumbent can fit, or the answer is a timeout. Within the limit
-    # either way, and the LP's bound is reported even where the MILP's root does not finish.
+    # either way (the LP's bound is reported where the MILP's root does not finish; under load, the
+    # LP may not finish either, and the bound is computing every node once).
     graph = training_graph(250, seed=1, skips=20)
     budget = int(store_all_peak(graph) * share)
     started = time.perf_counter()
@@ -174,7 +175,7 @@ def test_the_time_limit_holds_on_a_large_graph(share):
     else:
         info = schedule.info
         assert info.status == "feasible" and info.lower_bound <= info.compute_cost
-        assert info.lower_bound > sum(graph.nodes[v]["cost"] for v in graph)  # more than computing all once
+        assert info.lower_bound >= sum(graph.nodes[v]["cost"] for v in graph)  # at least computing all once
     assert time.perf_counter() - started < 5 + 3  # the limit, plus the fallbacks' granularity
 
 

@@ -57,6 +57,9 @@ def solve_orderfree(graph, budget: int, time_limit: float | None = None) -> Sche
         # The LP first: its value is a bound even where the MILP's root does not finish in time
         # (501 nodes: the LP takes ~4 s); on small graphs it costs milliseconds.
         lp = model.solve(clock.share(LP_SHARE), integral=False)
+        if found:  # the MILP starts from the cheapest heuristic schedule
+            start = min(found, key=lambda item: item[0])[2]
+            model.start_from([(kind, costs.index[v]) for kind, v in start])
         first = lp if lp.infeasible else model.solve(clock.share(FIRST_SOLVE_SHARE))
         if lp.bound is not None and (first.bound is None or first.bound < lp.bound):
             first.bound = lp.bound

@@ -107,28 +107,26 @@ class OrderFreeModel:
     infeasible: bool = False  # a milestone's own step does not fit: no schedule does
 
     # -- columns ------------------------------------------------------------------------------
-    def _columns(self) -> tuple[list[float], list[float], list[float]]:
+    def _columns(self) -> tuple[list[float], list[float]]:
         """c[i,v] for i >= e[v]; h[j,v] for e[v] < j <= M. c[j, x_j] is fixed to 1, and the
         inputs of x_j are fixed held at t_j (they are read by its computation)."""
         costs, m = self.costs, len(self.marks)
         e = earliest_intervals(costs, self.marks)
-        objective, lower, upper = [], [], []
+        objective, lower = [], []  # every column is binary: upper bounds 1
         for v in range(costs.n):
             for i in range(e[v], m + 1):
                 self.c[i, v] = len(objective)
                 objective.append(costs.cost[v])
                 lower.append(0.0)
-                upper.append(1.0)
             for j in range(e[v] + 1, m + 1):
                 self.h[j, v] = len(objective)
                 objective.append(0.0)
                 lower.append(0.0)
-                upper.append(1.0)
         for j, x in enumerate(self.marks, start=1):
             lower[self.c[j, x]] = 1.0  # x_j is first computed at t_j, in interval j
             for u in costs.preds[x]:
                 lower[self.h[j, u]] = 1.0  # its inputs are held while it is computed
-        return objective, lower, upper
+        return objective, lower
 
     # -- rows: one function per family --------------------------------------------------------
     def _memory(self, rows: _Rows) -> None:
@@ -141,7 +139,7 @@ class OrderFreeModel:
             terms = {self.h[j, v]: float(costs.mem[v]) for v in range(costs.n) if (j, v) in self.h and costs.mem[v]}
             self.memory_rows.append((rows.add(terms, -math.inf, float(self.budget - own)), own))
 
-    def _interval_memory(self, rows: _Rows, objective: list, lower: list, upper: list) -> None:
+    def _interval_memory(self, rows: _Rows, objective: list, lower: list) -> None:
         """Memory during a computation inside interval i (1 <= i <= M). A result held at t_i and at
         t_{i+1} (an output: at the end) and not computed in between is held throughout the interval:
         z[i,u] >= h[i,u] + h[i+1,u] - c[i,u] - 1 (z continuous in [0, 1]). Computing v there holds
@@ -161,7 +159,6 @@ class OrderFreeModel:
                 self.z[i, u] = len(objective)
                 objective.append(0.0)
                 lower.append(0.0)
-                upper.append(1.0)
                 terms = {self.z[i, u]: 1.0, self.h[i, u]: -1.0, self.c[i, u]: 1.0}
                 if after is not None:
                     terms[after] = -1.0
@@ -232,14 +229,14 @@ class OrderFreeModel:
             import highspy
         except ImportError as error:
             raise SolverUnavailable(f"orderfree needs highspy (pip install highspy; {error})") from error
-        objective, lower, upper = self._columns()
+        objective, lower = self._columns()
         rows = _Rows()
         for family in (self._memory, self._holding, self._reads, self._coverage, self._pinned_held,
                        self._outputs_held):
             if clock is not None:
                 clock.check(METHOD, "building the order-free model")
             family(rows)
-        self._interval_memory(rows, objective, lower, upper)
+        self._interval_memory(rows, objective, lower)
         highs = highspy.Highs()
         highs.setOptionValue("output_flag", False)
         highs.setOptionValue("mip_rel_gap", 0.0)
@@ -247,7 +244,7 @@ class OrderFreeModel:
         infinity = highspy.kHighsInf
         n_cols = len(objective)
         highs.addCols(n_cols, np.array(objective, dtype=np.float64), np.array(lower, dtype=np.float64),
-                      np.array(upper, dtype=np.float64), 0, np.zeros(0, dtype=np.int32),
+                      np.ones(len(objective), dtype=np.float64), 0, np.zeros(0, dtype=np.int32),
                       np.zeros(0, dtype=np.int32), np.zeros(0, dtype=np.float64))
         clip = lambda values: np.clip(np.array(values, dtype=np.float64), -infinity, infinity)
         highs.addRows(len(rows.starts), clip(rows.lower), clip(rows.upper), len(rows.indices),
@@ -296,6 +293,35 @@ class OrderFreeModel:
         layouts = self.layouts(values) if has_solution else []
         chosen = [column for column in self.c.values() if values[column] > 0.5] if has_solution else []
         return Relaxation(bound, layouts, chosen, proven=integral and optimal)
+
+    def start_from(self, steps) -> None:
+        """A MIP start read off a valid schedule (``steps``: (kind, position) pairs), as in the
+        package docstring's proof: HiGHS then starts from that schedule's cost instead of searching
+        for a first incumbent (it drops a start that breaks a row, e.g. a sink computed twice)."""
+        import numpy as np
+
+        number = {x: j + 1 for j, x in enumerate(self.marks)}
+        values, held, interval = {}, set(), 0
+        for kind, v in steps:
+            if kind == "free":
+                held.discard(v)
+                continue
+            if number.get(v) == interval + 1:  # x_j's first computation: a milestone
+                interval += 1
+                values.update({self.h[interval, u]: 1.0 for u in held if (interval, u) in self.h})
+            if (interval, v) not in self.c:
+                return  # not a schedule this model can read (not the graph's, or out of order)
+            values[self.c[interval, v]] = 1.0
+            held.add(v)
+        m = len(self.marks)
+        for (i, u), column in self.z.items():
+            after = values.get(self.h.get((i + 1, u)), 0.0) if i < m else 1.0
+            values[column] = max(0.0, values.get(self.h[i, u], 0.0) + after - values.get(self.c[i, u], 0.0) - 1.0)
+        n_cols = len(self.integrality)
+        dense = np.zeros(n_cols, dtype=np.float64)
+        for column, value in values.items():
+            dense[column] = value
+        self.highs.setSolution(n_cols, np.arange(n_cols, dtype=np.int32), dense)
 
     def exclude(self, chosen: list[int]) -> None:
         """A no-good cut: some c column differs from ``chosen`` (the c columns at 1). It removes
