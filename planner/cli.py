@@ -270,9 +270,27 @@ def _make_plan(args, model_file, budget, progress):
             return api.plan_untraceable(model_file.model, model_file.example_inputs, budget,
                                         loss_fn=model_file.loss_fn, reason=untraceable.reason)
     limit = f" (time limit {args.time_limit:g} s)" if args.time_limit else ""
+    _import_backend(args.solver)
     with progress.task(f"Solving with {args.solver}{limit}"):
         return api.plan(model_file.model, model_file.example_inputs, budget, solver=args.solver,
                         time_limit=args.time_limit, profile=profile, executor=args.executor)
+
+
+# The libraries behind the searching solvers, imported before the "Solving" line: a Ctrl-C that lands
+# in the middle of a library's import can surface as its ImportError ("needs OR-tools"), not as an
+# interruption.
+_BACKENDS = {"cpsat": "ortools.sat.python.cp_model", "ilp": "highspy"}
+
+
+def _import_backend(solver: str) -> None:
+    import importlib
+
+    name = _BACKENDS.get(solver)
+    if name is not None:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            pass  # the solver says what is missing, in its own words
 
 
 class _OutOfTime(TimeoutError):
