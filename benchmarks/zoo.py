@@ -454,7 +454,7 @@ CASES = [
                 "machine's timings lead the DP to (over by 26-60 KiB in most runs; one 50% plan of the masked "
                 "variant measured 4,672 B over its budget); cause not found"),
          xfail_strict=False),
-    Case("nn-vit", "torch.nn", _torch_vit, fast=True, note="ViT on nn.TransformerEncoder(batch_first)"),
+    Case("nn-vit", "torch.nn", _torch_vit, note="ViT on nn.TransformerEncoder(batch_first)"),
     Case("nn-lstm", "torch.nn", _recurrent(nn.LSTM), fast=True),
     Case("nn-gru", "torch.nn", _recurrent(nn.GRU),
          infeasible=tuple((budget, "nn.GRU(num_layers=4) traces to 4003 ops in one module: one node at module "
@@ -465,7 +465,7 @@ CASES = [
     Case("nn-unet", "torch.nn", _unet, solver="cpsat", time_limit=20.0,
          note="CP-SAT: its skip connections cross every stage, so the chain DP sees one stage"),
     Case("nn-moe-top2", "torch.nn", _moe),
-    Case("nn-control-flow", "torch.nn", _control_flow, fast=True, note="untraceable: the fallback plan"),
+    Case("nn-control-flow", "torch.nn", _control_flow, note="untraceable: the fallback plan"),
 ]
 BY_NAME = {case.name: case for case in CASES}
 
