@@ -170,7 +170,7 @@ def execute(state: SweepState, todo: list[Run], jobs: int, cache_dir: str | None
                     state.finish(task.run, outcome)
             if broken:  # a worker died (killed, out of memory): the pool cannot be used again
                 executor.shutdown(wait=False, cancel_futures=True)
-                for future, task in list(in_flight.items()):
+                for task in list(in_flight.values()):
                     if task.kind == "run":
                         ready.appendleft(task.run)
                     else:

@@ -88,7 +88,7 @@ class ModuleChain:
         }
 
     @classmethod
-    def from_dict(cls, data: dict) -> "ModuleChain":
+    def from_dict(cls, data: dict) -> ModuleChain:
         blocks = tuple(
             BlockCost(_text(b["path"]), _whole(b["saved_bytes"]), _seconds(b["seconds"])) for b in data["blocks"]
         )
@@ -146,7 +146,7 @@ class ModuleChainPlan(Plan):
         return data
 
     @classmethod
-    def from_dict(cls, data: dict, source: str = "plan") -> "ModuleChainPlan":
+    def from_dict(cls, data: dict, source: str = "plan") -> ModuleChainPlan:
         try:
             chain = ModuleChain.from_dict(data["chain"])
         except (KeyError, TypeError, ValueError, AttributeError) as error:
@@ -316,7 +316,7 @@ def _measure(module, example_inputs, loss_fn, repeats: int) -> StepMeasurement:
             p.grad = grad
 
 
-def choose_count(measure: "_Measurer", budget: int, unplanned: StepMeasurement, order: list[BlockCost],
+def choose_count(measure: _Measurer, budget: int, unplanned: StepMeasurement, order: list[BlockCost],
                  rng_bytes: int = 0) -> int:
     """The fewest blocks of ``order`` (a prefix) whose measured peak fits ``budget``: bisection
     between 0 (known not to fit) and all of them, starting from the estimate's guess. Assumes the

@@ -20,7 +20,8 @@ import traceback
 import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any
+from collections.abc import Callable, Iterator
 
 CONTRACT = (
     "a model file defines build_model() returning an nn.Module and example_inputs() returning a tuple "

@@ -172,7 +172,7 @@ class Plan:
         write_atomic(path, json.dumps(self.to_dict(), indent=1))
 
     @classmethod
-    def from_dict(cls, data: dict, source: str = "plan") -> "Plan":
+    def from_dict(cls, data: dict, source: str = "plan") -> Plan:
         try:
             if not isinstance(data, dict) or data.get("format") != FORMAT:
                 found = data.get("format") if isinstance(data, dict) else type(data).__name__

@@ -9,7 +9,7 @@ from __future__ import annotations
 import io
 import os
 from dataclasses import dataclass
-from typing import Sequence
+from collections.abc import Sequence
 
 from .files import write_atomic
 

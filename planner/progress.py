@@ -8,7 +8,8 @@ from __future__ import annotations
 import sys
 import time
 from contextlib import contextmanager
-from typing import Iterator, TextIO
+from typing import TextIO
+from collections.abc import Iterator
 
 PREFIX = "plan-checkpoints: "
 

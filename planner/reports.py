@@ -13,7 +13,7 @@ import json
 import os
 import time
 from dataclasses import asdict
-from typing import Iterable
+from collections.abc import Iterable
 
 from .budget import format_bytes
 from .files import write_atomic

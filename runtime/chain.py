@@ -25,7 +25,7 @@ import functools
 import hashlib
 import json
 import re
-from typing import Iterable
+from collections.abc import Iterable
 
 import torch
 import torch.utils._pytree as pytree
@@ -64,7 +64,7 @@ def _checkpointed_reduce_ex(self, protocol):
     return _restore_checkpointed, (type(self)._checkpoint_original,), self.__getstate__()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _checkpointed_class(cls: type) -> type:
     """``Checkpointed<Block>``: the block's class, its forward run under torch.utils.checkpoint."""
     return type(

@@ -88,7 +88,7 @@ class _Step(torch.autograd.Function):
     counters), so several forwards may run before their backwards."""
 
     @staticmethod
-    def forward(ctx, bound: "_Bound", module: torch.nn.Module, *tensors):
+    def forward(ctx, bound: _Bound, module: torch.nn.Module, *tensors):
         ctx.bound = bound
         ctx.set_materialize_grads(False)
         fixed = bound.fixed_values(module, tensors)
@@ -672,7 +672,7 @@ def _planned_deepcopy(self, memo):
     return copied
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _planned_class(cls: type) -> type:
     """``Planned<Model>``: the model's class with the planned forward."""
     forward = torch._dynamo.disable(_planned_forward)  # torch.compile runs it as it is

@@ -147,7 +147,7 @@ def test_a_killed_sweep_resumes_without_redoing_finished_runs(tmp_path):
         process.wait()
     done = {p: open(p, "rb").read() for p in glob.glob(str(killed / "runs" / "*.json"))}
     assert 1 <= len(done) < 12, f"{len(done)} runs were done when the sweep was killed"
-    for path, data in done.items():
+    for data in done.values():
         json.loads(data)  # every record there is whole
     for path in glob.glob(str(killed / "plans" / "*.json")):
         planner.load(path)  # and every plan

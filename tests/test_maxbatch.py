@@ -103,7 +103,7 @@ def test_predicted_graph_is_linear_in_the_batch():
 def test_search_finds_the_boundary_of_a_monotone_predicate():
     for limit in (1, 2, 63, 64, 65, 1000, 12345):
         calls = []
-        found = largest_fitting(lambda b: calls.append(b) or b <= limit, 64)
+        found = largest_fitting(lambda b, calls=calls, limit=limit: calls.append(b) or b <= limit, 64)
         assert found == limit and len(calls) < 40
     assert largest_fitting(lambda b: False, 64) == 0
     assert largest_fitting(lambda b: b <= 100, 64, below=90) == 89

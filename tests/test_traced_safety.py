@@ -19,7 +19,6 @@ import torch
 from torch import nn
 
 import planner
-from models import mlp
 from runtime import InputMismatch, PlanMismatch, ShapeTooLarge
 from schedules import recompute_everything, with_schedule
 
