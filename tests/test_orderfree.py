@@ -174,7 +174,8 @@ def test_the_time_limit_holds_on_a_large_graph(share):
         assert share < 0.9
     else:
         info = schedule.info
-        assert info.status == "feasible" and info.lower_bound <= info.compute_cost
+        assert info.status in ("optimal", "feasible") and info.lower_bound <= info.compute_cost
+        assert info.status == "feasible" or info.lower_bound == info.compute_cost
         assert info.lower_bound >= sum(graph.nodes[v]["cost"] for v in graph)  # at least computing all once
     assert time.perf_counter() - started < 5 + 3  # the limit, plus the fallbacks' granularity
 

@@ -26,6 +26,11 @@ HEURISTIC_SHARE = 0.15
 # call (34 s for the MILP under load) and the call ended at 43 s with the rest unused.
 LP_SHARE = 0.5
 FIRST_SOLVE_SHARE = 0.85
+# The MIP start and the repairs' re-solves only for models this small. Measured on the 1001-node
+# skip graph (168k columns): with a start its MILP spent 72 s in its root LP, past a 5 s limit and
+# deaf to cancelling (without, 2.5 s); a re-solve after a no-good cut, 70 s. On the 163-node GPT-2
+# graph (18.8k columns) the start is what makes the layout fit.
+START_MAX_COLUMNS = 50_000
 
 
 def _checked(graph, costs: NodeCosts, computes: list[int], budget: int):
@@ -59,9 +64,9 @@ def solve_orderfree(graph, budget: int, time_limit: float | None = None) -> Sche
         # The LP first: its value is a bound even where the MILP's root does not finish in time
         # (501 nodes: the LP takes ~4 s); on small graphs it costs milliseconds.
         lp = model.solve(clock.share(LP_SHARE), integral=False)
-        if found:  # the MILP starts from the cheapest heuristic schedule
+        if found and len(model.integrality) <= START_MAX_COLUMNS:  # the MILP starts from the cheapest heuristic schedule
             start = min(found, key=lambda item: item[0])[2]
-            model.start_from([(kind, costs.index[v]) for kind, v in start])
+            start_from(model, [(kind, costs.index[v]) for kind, v in start])
         first = lp if lp.infeasible else model.solve(clock.share(FIRST_SOLVE_SHARE))
         if lp.bound is not None and (first.bound is None or first.bound < lp.bound):
             first.bound = lp.bound
@@ -75,7 +80,8 @@ def solve_orderfree(graph, budget: int, time_limit: float | None = None) -> Sche
         least = _fallback_minimum(graph, costs, outcome.peak_bytes, clock)
         raise Infeasible(f"orderfree: the order-free relaxation proves that no schedule fits in {budget} bytes; "
                          f"the least budget this method meets is {least} bytes", min_budget=least, method=METHOD)
-    laid = None if model is None else _laid_out(graph, costs, model, first, budget, clock)
+    repairs = REPAIR_ATTEMPTS if model is not None and len(model.integrality) <= START_MAX_COLUMNS else 0
+    laid = None if model is None else _laid_out(graph, costs, model, first, budget, clock, repairs)
     found += [laid] if laid is not None else []
     best = min((item[0] for item in found), default=None)
     unproven = best is None or best - bound > OPTIMALITY_TOLERANCE * max(best, 1e-12)
@@ -108,13 +114,44 @@ def solve_orderfree(graph, budget: int, time_limit: float | None = None) -> Sche
                               message="; ".join([source + marks] + notes))
 
 
-def _laid_out(graph, costs: NodeCosts, model: OrderFreeModel, first: Relaxation, budget: int, clock: Clock):
+def start_from(model: OrderFreeModel, steps) -> None:
+    """A MIP start read off a valid schedule (``steps``: (kind, position) pairs), as in the
+    package docstring's proof: HiGHS then starts from that schedule's cost instead of searching
+    for a first incumbent (it drops a start that breaks a row, e.g. a sink computed twice)."""
+    import numpy as np
+
+    number = {x: j + 1 for j, x in enumerate(model.marks)}
+    values, held, interval = {}, set(), 0
+    for kind, v in steps:
+        if kind == "free":
+            held.discard(v)
+            continue
+        if number.get(v) == interval + 1:  # x_j's first computation: a milestone
+            interval += 1
+            values.update({model.h[interval, u]: 1.0 for u in held if (interval, u) in model.h})
+        if (interval, v) not in model.c:
+            return  # not a schedule this model can read (not the graph's, or out of order)
+        values[model.c[interval, v]] = 1.0
+        held.add(v)
+    m = len(model.marks)
+    for (i, u), column in model.z.items():
+        after = values.get(model.h.get((i + 1, u)), 0.0) if i < m else 1.0
+        values[column] = max(0.0, values.get(model.h[i, u], 0.0) + after - values.get(model.c[i, u], 0.0) - 1.0)
+    n_cols = len(model.integrality)
+    dense = np.zeros(n_cols, dtype=np.float64)
+    for column, value in values.items():
+        dense[column] = value
+    model.highs.setSolution(n_cols, np.arange(n_cols, dtype=np.int32), dense)
+
+
+def _laid_out(graph, costs: NodeCosts, model: OrderFreeModel, first: Relaxation, budget: int, clock: Clock,
+              attempts: int = REPAIR_ATTEMPTS):
     """(cost, peak, schedule, source) of the first layout within ``budget``: the optimum's; else,
     at the same budget, another solution (a cut excludes each one tried, up to ``NO_GOOD_CUTS``);
     else solutions at the budget less the last overshoot (halved while that is infeasible). At most
-    ``REPAIR_ATTEMPTS`` re-solves. ``None`` when none fits."""
+    ``attempts`` re-solves. ``None`` when none fits."""
     result, target, cuts, reduction = first, budget, 0, 0
-    for attempt in range(REPAIR_ATTEMPTS + 1):
+    for attempt in range(attempts + 1):
         if result.layouts:
             laid = [_checked(graph, costs, computes, budget) for computes in result.layouts]
             schedule, sim = min(laid, key=lambda pair: (pair[0] is None, pair[1].peak_bytes))
@@ -128,7 +165,7 @@ def _laid_out(graph, costs: NodeCosts, model: OrderFreeModel, first: Relaxation,
             return None  # out of time, or infeasible at the budget (all cuts) or one byte below it
         else:
             reduction //= 2  # infeasible that far below the budget: ask for less
-        if attempt == REPAIR_ATTEMPTS or clock.expired():
+        if attempt == attempts or clock.expired():
             return None
         if result.layouts and cuts < NO_GOOD_CUTS:
             model.exclude(result.chosen)
