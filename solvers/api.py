@@ -6,7 +6,7 @@ import importlib
 import math
 import numbers
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from .errors import Infeasible
 from .graph import validate

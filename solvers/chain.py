@@ -33,7 +33,7 @@ schedule with :func:`solvers.simulate`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Hashable, Iterable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
 
 import networkx as nx
 
@@ -148,7 +148,7 @@ def _persistent_nodes(graph, forward: Sequence[Node], position: dict, budget_byt
     total = 0
     while True:
         gain: dict[Node, int] = {}
-        for p, nodes in enumerate(crossing):
+        for nodes in crossing:
             remaining = [u for u in nodes if u not in chosen]
             if len(remaining) == 1:
                 gain[remaining[0]] = gain.get(remaining[0], 0) + 1

@@ -21,7 +21,7 @@ A sequence is a list of :class:`Op`: ``CF_i`` (run F_i without grad, keep its in
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Sequence
+from collections.abc import Sequence
 
 OP_KINDS = ("CF", "Fn", "Fe", "L", "B")
 
@@ -41,7 +41,7 @@ class Op:
         return "L" if self.kind == "L" else f"{self.kind}_{self.stage}"
 
     @classmethod
-    def parse(cls, text: str, length: int) -> "Op":
+    def parse(cls, text: str, length: int) -> Op:
         """``"CF_3"`` -> Op("CF", 3); ``"L"`` -> Op("L", length)."""
         if text == "L":
             return cls("L", length)

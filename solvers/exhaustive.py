@@ -106,7 +106,7 @@ def min_cost_schedule(graph, budget: int, time_limit: float | None = None) -> Sc
                 solve_seconds=time.perf_counter() - started, budget_bytes=budget, compute_cost=spent)
         if time_limit is not None and time.perf_counter() - started > time_limit:
             raise SolverTimeout(f"exhaustive search did not finish within {time_limit:g} s", method="exhaustive")
-        for is_compute, v, new_held, new_done, new_bytes, during in moves(held, done, held_bytes, budget):
+        for is_compute, v, new_held, new_done, new_bytes, _during in moves(held, done, held_bytes, budget):
             new_spent = spent + costs.cost[v] if is_compute else spent
             key = (new_held, new_done)
             if new_spent < best.get(key, float("inf")):

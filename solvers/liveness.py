@@ -9,7 +9,7 @@ computations holds less at any step, so this pass is exact, not a heuristic.
 
 from __future__ import annotations
 
-from typing import Hashable, Sequence
+from collections.abc import Hashable, Sequence
 
 from .graph import is_output, is_pinned
 from .schedule import COMPUTE, FREE, Schedule, SolverInfo

@@ -12,7 +12,7 @@ it asks another method for a schedule (a warm start, a hint).
 from __future__ import annotations
 
 import inspect
-from typing import Callable
+from collections.abc import Callable
 
 from .errors import Infeasible, SolverUnavailable
 from .schedule import Schedule

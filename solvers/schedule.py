@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field, replace
-from typing import Any, Hashable, Iterable, Iterator, Sequence
+from typing import Any
+from collections.abc import Hashable, Iterable, Iterator, Sequence
 
 COMPUTE = "compute"
 FREE = "free"
@@ -94,7 +95,7 @@ class Schedule(Sequence):
         """The nodes computed, in order, with repeats for recomputations."""
         return [node for kind, node in self.steps if kind == COMPUTE]
 
-    def with_info(self, **changes) -> "Schedule":
+    def with_info(self, **changes) -> Schedule:
         return Schedule(self.steps, replace(self.info, **changes))
 
     # -- JSON -------------------------------------------------------------------------------
@@ -117,7 +118,7 @@ class Schedule(Sequence):
         return json.dumps(self.to_dict(), **kwargs)
 
     @classmethod
-    def from_dict(cls, data: dict, graph=None) -> "Schedule":
+    def from_dict(cls, data: dict, graph=None) -> Schedule:
         """Rebuild a schedule; with ``graph``, node names are mapped back to the graph's node ids."""
         if not isinstance(data, dict) or not isinstance(data.get("steps"), list):
             raise ValueError('a schedule is a JSON object with a "steps" list')
@@ -134,5 +135,5 @@ class Schedule(Sequence):
         return cls(steps, SolverInfo(**fields))
 
     @classmethod
-    def from_json(cls, text: str, graph=None) -> "Schedule":
+    def from_json(cls, text: str, graph=None) -> Schedule:
         return cls.from_dict(json.loads(text), graph)

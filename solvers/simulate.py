@@ -15,7 +15,7 @@ compute steps; overhead = compute cost / (sum of all node costs) - 1.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Hashable, Iterable
+from collections.abc import Hashable, Iterable
 
 from .graph import is_output, is_pinned, total_cost
 from .schedule import COMPUTE, FREE

@@ -7,7 +7,7 @@ import bisect
 import logging
 import time
 from dataclasses import dataclass
-from typing import Sequence
+from collections.abc import Sequence
 
 from ..clock import Clock
 from ..graph import NodeCosts

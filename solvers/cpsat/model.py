@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from collections.abc import Sequence
 
 from ..bounds import relatives
 from ..clock import Clock
@@ -22,26 +22,26 @@ METHOD = "cpsat"
 
 @dataclass
 class Instance:
-    present: "cp_model.IntVar"
-    start: "cp_model.IntVar"
-    stop: "cp_model.IntVar"  # exclusive: held during steps start .. stop-1
-    size: "cp_model.IntVar"
-    held: "cp_model.IntervalVar"  # [start, stop): the retention interval
-    step: "cp_model.IntervalVar"  # [start, start+1): the computation
+    present: cp_model.IntVar
+    start: cp_model.IntVar
+    stop: cp_model.IntVar  # exclusive: held during steps start .. stop-1
+    size: cp_model.IntVar
+    held: cp_model.IntervalVar  # [start, stop): the retention interval
+    step: cp_model.IntervalVar  # [start, start+1): the computation
 
 @dataclass
 class RetentionModel:
-    model: "cp_model.CpModel"
+    model: cp_model.CpModel
     instances: list[list[Instance]]
     cover: dict  # (u, i, v, j) -> literal: instance j of v reads instance i of u
     last: dict  # (u, i, v, j) -> literal: ... and is its last reader
-    steps: "cp_model.IntVar"  # K, the number of computations
-    capacity: "cp_model.IntVar | int"
+    steps: cp_model.IntVar  # K, the number of computations
+    capacity: cp_model.IntVar | int
     capacity_low: int
     horizon: int
 
 
-def _instances(model: "cp_model.CpModel", counts: Counts, ancestors: list[int], clock: Clock) -> list[list[Instance]]:
+def _instances(model: cp_model.CpModel, counts: Counts, ancestors: list[int], clock: Clock) -> list[list[Instance]]:
     """``C_v`` optional instances per node, each a compute step and a retention interval."""
     horizon = counts.horizon
     instances: list[list[Instance]] = []
@@ -61,7 +61,7 @@ def _instances(model: "cp_model.CpModel", counts: Counts, ancestors: list[int], 
     return instances
 
 
-def _presence(model: "cp_model.CpModel", instances: list[list[Instance]], horizon: int) -> None:
+def _presence(model: cp_model.CpModel, instances: list[list[Instance]], horizon: int) -> None:
     """Every node is computed at least once; instances are used in order (symmetry breaking); a
     node is not held when it is recomputed (present instances are disjoint, in time order); absent
     instances are parked at the end, so that the search never branches on them."""
@@ -81,7 +81,7 @@ def _presence(model: "cp_model.CpModel", instances: list[list[Instance]], horizo
             model.add(inst.start + inst.size == inst.stop)
 
 
-def _one_computation_per_step(model: "cp_model.CpModel", instances: list[list[Instance]], steps) -> None:
+def _one_computation_per_step(model: cp_model.CpModel, instances: list[list[Instance]], steps) -> None:
     """The compute intervals do not overlap, and the K computations fill steps 0..K-1 (no idle
     steps: one assignment per compute order)."""
     model.add_no_overlap([inst.step for row in instances for inst in row])
@@ -91,7 +91,7 @@ def _one_computation_per_step(model: "cp_model.CpModel", instances: list[list[In
             model.add(inst.stop <= steps).only_enforce_if(inst.present)
 
 
-def _memory(model: "cp_model.CpModel", instances: list[list[Instance]], memory: MemoryScale, cap) -> None:
+def _memory(model: cp_model.CpModel, instances: list[list[Instance]], memory: MemoryScale, cap) -> None:
     """One cumulative constraint within the capacity: results held (retention intervals) plus the
     workspace of the computation under way."""
     intervals, demands = [], []
@@ -107,7 +107,7 @@ def _memory(model: "cp_model.CpModel", instances: list[list[Instance]], memory: 
         model.add_cumulative(intervals, demands, cap)
 
 
-def _reads(model: "cp_model.CpModel", costs: NodeCosts, instances: list[list[Instance]], clock: Clock) -> dict:
+def _reads(model: cp_model.CpModel, costs: NodeCosts, instances: list[list[Instance]], clock: Clock) -> dict:
     """Each present instance of v finds exactly one held instance of each input u: the literals
     ``cover[u, i, v, j]``."""
     cover: dict[tuple[int, int, int, int], cp_model.IntVar] = {}
@@ -127,7 +127,7 @@ def _reads(model: "cp_model.CpModel", costs: NodeCosts, instances: list[list[Ins
     return cover
 
 
-def _read_order(model: "cp_model.CpModel", cover: dict, clock: Clock) -> None:
+def _read_order(model: cp_model.CpModel, cover: dict, clock: Clock) -> None:
     """Implied: later instances of v read the same or a later instance of u (both are in time
     order). The largest family: ~C_u clauses per cover literal."""
     for position, ((u, i, v, j), lit) in enumerate(cover.items()):
@@ -138,7 +138,7 @@ def _read_order(model: "cp_model.CpModel", cover: dict, clock: Clock) -> None:
                 model.add_bool_or([~lit, ~cover[u, earlier, v, j + 1]])
 
 
-def _frees(model: "cp_model.CpModel", costs: NodeCosts, instances: list[list[Instance]], cover: dict, steps,
+def _frees(model: cp_model.CpModel, costs: NodeCosts, instances: list[list[Instance]], cover: dict, steps,
            clock: Clock) -> dict:
     """An instance is freed right after its last reader; an output's last instance is held to the
     end; a non-output sink is freed right after it is computed. Returns the literals
@@ -169,7 +169,7 @@ def _frees(model: "cp_model.CpModel", costs: NodeCosts, instances: list[list[Ins
     return last
 
 
-def _first_instances(model: "cp_model.CpModel", costs: NodeCosts, instances: list[list[Instance]],
+def _first_instances(model: cp_model.CpModel, costs: NodeCosts, instances: list[list[Instance]],
                      descendants: list[int], steps) -> None:
     """Redundant: a computation comes after the first instance of each input; a node's first
     instance leaves room for the first instances of its descendants."""
@@ -180,7 +180,7 @@ def _first_instances(model: "cp_model.CpModel", costs: NodeCosts, instances: lis
         model.add(instances[v][0].start + descendants[v] + 1 <= steps)
 
 
-def _objective(model: "cp_model.CpModel", instances: list[list[Instance]], cost_units: Sequence[int] | None,
+def _objective(model: cp_model.CpModel, instances: list[list[Instance]], cost_units: Sequence[int] | None,
                cost_floor: int, cap) -> None:
     """Total compute cost (phase 2), at least ``cost_floor`` (a bound valid for every schedule: it
     cuts none, and ends the search sooner), or the memory capacity (phase 1)."""

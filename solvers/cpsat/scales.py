@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import reduce
-from typing import Sequence
+from collections.abc import Sequence
 
 from ..graph import NodeCosts
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from ..graph import NodeCosts
 from .counts import Counts, counts_of
@@ -107,8 +107,8 @@ class _Watcher(cp_model.CpSolverSolutionCallback if cp_model else object):
             self.stopped = True
             self.stop_search()
 
-def solve_interruptibly(solver: "cp_model.CpSolver", model: "cp_model.CpModel",
-                        callback: "cp_model.CpSolverSolutionCallback") -> int:
+def solve_interruptibly(solver: cp_model.CpSolver, model: cp_model.CpModel,
+                        callback: cp_model.CpSolverSolutionCallback) -> int:
     """``solver.solve(model, callback)``, with Ctrl-C (SIGINT) raising ``KeyboardInterrupt`` here.
 
     By default CP-SAT catches SIGINT during a solve (``catch_sigint_signal``) and ends the search

@@ -30,7 +30,7 @@ class Scales:
     cost_unit: float
 
     @staticmethod
-    def of(costs: NodeCosts) -> "Scales":
+    def of(costs: NodeCosts) -> Scales:
         largest_mem = max((m + w for m, w in zip(costs.mem, costs.workspace)), default=0)
         largest_cost = max(costs.cost, default=0.0)
         return Scales(mem_unit=max(1.0, largest_mem / 1024.0), cost_unit=largest_cost if largest_cost > 0 else 1.0)
@@ -43,16 +43,16 @@ class CheckmateModel:
     return the fixed values (0 or 1) for the others.
     """
 
-    problem: "pulp.LpProblem"
+    problem: pulp.LpProblem
     costs: NodeCosts
     scales: Scales
     slots: list[list[int]]  # slots[t]: nodes that may be computed in stage t, ascending; t is last
-    R: dict[tuple[int, int], "pulp.LpVariable"]
-    S: dict[tuple[int, int], "pulp.LpVariable"]
-    FREE: dict[tuple[int, int, int], "pulp.LpVariable"]
-    U: dict[tuple[int, int], "pulp.LpVariable"]
+    R: dict[tuple[int, int], pulp.LpVariable]
+    S: dict[tuple[int, int], pulp.LpVariable]
+    FREE: dict[tuple[int, int, int], pulp.LpVariable]
+    U: dict[tuple[int, int], pulp.LpVariable]
     objective_constant: float  # the first computations' cost (normalised): R[t,t] = 1 is not a variable
-    peak: "pulp.LpVariable | None" = None  # the min-peak model's objective
+    peak: pulp.LpVariable | None = None  # the min-peak model's objective
     # (row, fixed part): the rows U[t,k] + workspace[k] R[t,k] <= budget, each with the part of its
     # right-hand side that is not the budget (a fixed R[t,t] = 1 moves workspace[t] there).
     budget_rows: list = field(default_factory=list)

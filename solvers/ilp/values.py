@@ -3,7 +3,7 @@ schedule gives the model's variables (a warm start), and the orders the model ca
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from ..graph import NodeCosts, is_topological_order
 from ..liveness import drop_redundant_computes, schedule_from_computes
