@@ -205,6 +205,10 @@ class Plan:
                                 "plan-checkpoints; do not edit them)") from None
         except (TypeError, ValueError, AttributeError, OverflowError, RecursionError) as error:
             raise PlanFileError(f"{source} is not a valid plan: {error}") from None
+        if len(plan.tangent_outputs) != len(plan.tangent_specs) or len(set(plan.tangent_outputs)) != len(plan.tangent_outputs):
+            # Edited: the loss's outputs and their gradients' specs are written together, one each.
+            raise PlanFileError(f"{source}: tangent_outputs {list(plan.tangent_outputs)} do not match its "
+                                f"{len(plan.tangent_specs)} tangent_specs one to one (the file was edited)")
         if graph.graph.get("fingerprint") != graph_fingerprint(graph):
             # The runtime re-traces the model and checks the plan's fingerprint against it; a graph
             # edited by hand would let a schedule through that the real graph cannot run.

@@ -50,6 +50,10 @@ class ModelCallError(CaptureError):
     not fit the model, or the model is broken. No plan can be made; falling back would not help."""
 
 
+class LossMismatch(CaptureError):
+    """A saved plan's loss reads model outputs this model does not return."""
+
+
 class TraceError(CaptureError):
     """The model runs eagerly but the tracer cannot follow its forward (Python control flow on
     tensor values, an op fake tensors do not support...). ``planner.plan`` falls back to
@@ -445,6 +449,11 @@ def capture(
                 )
         out_tensors = [out_leaves[i] for i in seen["positions"]]
         seen["requires_grad"] = [t.requires_grad for t in out_tensors]
+        unknown = [i for i in loss.tangent_outputs if i >= len(out_tensors)]
+        if unknown:  # a saved plan's loss, for a model with fewer outputs: not a tracing failure
+            raise LossMismatch(
+                f"the plan's loss differentiates model output #{unknown[0]}, but this model returns "
+                f"{len(out_tensors)} tensor output(s): the plan was made for another model or loss; make a new plan")
         differentiated = [out_tensors[i] for i in loss.tangent_outputs]
         tagger.tag_backward([t.grad_fn for t in differentiated])
         targets = list(p_vals) + [in_vals[i] for i in input_grad_indices]

@@ -906,3 +906,23 @@ def test_profiling_can_be_bounded(tmp_path):
     result = cli("slow.py", "--budget", "100%", "--profile-time-limit", "1", "--out", "p.json", cwd=tmp_path)
     assert_refused(result, EXIT_TIMEOUT, "profiling took longer than --profile-time-limit 1 s", seconds=60)
     assert snapshot(tmp_path) == before
+
+
+def test_an_edited_loss_in_a_plan_file_is_named_not_taken_for_control_flow(tmp_path):
+    """Editing a traced plan's tangent_outputs used to end in 'data-dependent control flow'."""
+    import torch
+    from torch import nn
+
+    import planner
+    from profiler.capture import LossMismatch
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 8))
+    inputs = (torch.randn(4, 8),)
+    planner.plan(model, inputs, "100%", solver="dp").save(tmp_path / "plan.json")
+    data = json.loads((tmp_path / "plan.json").read_text())
+    for outputs, error, phrase in [([0, 1], planner.PlanFileError, "do not match its 1 tangent_specs"),
+                                   ([1], LossMismatch, "differentiates model output #1, but this model returns 1")]:
+        (tmp_path / "edited.json").write_text(json.dumps({**data, "tangent_outputs": outputs}))
+        with pytest.raises(error, match=phrase):
+            planner.apply(model, planner.load(tmp_path / "edited.json"))(*inputs).sum().backward()
