@@ -11,6 +11,7 @@ import math
 import random
 
 import pytest
+from signals import default_sigint
 
 from graphs import CHECKMATE_LINEAR_OPTIMA as CHECKMATE_LINEAR
 from graphs import (chain, parameter_gradient_graph, random_dag, store_all_peak, training_graph, trap_graph,
@@ -287,7 +288,7 @@ def test_ctrl_c_during_a_cp_sat_search_raises_keyboard_interrupt():
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     script = INTERRUPTED_SOLVE.format(root=root, tests=os.path.join(root, "tests"))
     process = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               text=True)
+                               text=True, preexec_fn=default_sigint)
     try:
         assert process.stdout.readline().strip() == "searching"
         time.sleep(1.0)  # well inside the search: it runs for minutes on this graph

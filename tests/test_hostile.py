@@ -23,6 +23,7 @@ import textwrap
 import time
 
 import pytest
+from signals import default_sigint
 
 from planner.progress import is_progress_line
 
@@ -606,7 +607,7 @@ def test_a_missing_model_file_is_reported_before_importing_torch(folder):
 # -- signals: Ctrl-C -------------------------------------------------------------------------------------------------
 def _interrupt_when(command: list[str], cwd, phrase: str, after: float = 1.0) -> tuple[subprocess.Popen, str, float]:
     process = subprocess.Popen([sys.executable, "-m", "planner", *command], cwd=cwd, env=_env(), text=True,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=default_sigint)
     seen = []
     for line in process.stderr:
         seen.append(line)

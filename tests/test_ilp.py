@@ -11,6 +11,7 @@ import random
 
 import networkx as nx
 import pytest
+from signals import default_sigint
 
 from graphs import CHECKMATE_LINEAR_OPTIMA as KNOWN_OPTIMA
 from graphs import chain, parameter_gradient_graph, random_dag, training_graph, trap_graph
@@ -531,7 +532,7 @@ def run_interrupted_milp(run: str = "original(highs)") -> tuple[str, str, float]
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     script = INTERRUPTED_MILP.format(root=root, tests=os.path.join(root, "tests"), run=run)
     process = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               text=True)
+                               text=True, preexec_fn=default_sigint)
     try:
         assert process.stdout.readline().strip() == "solving"
         time.sleep(1.0)
