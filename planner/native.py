@@ -210,14 +210,22 @@ def plan_native(model: torch.nn.Module, example_inputs, budget: Budget, loss_fn=
 
     unplanned = evaluate(op_graph, ())
     unplanned_peak = fixed + unplanned.outcome.peak_bytes
+    eager = None
     if measure and budget.percent is not None:
         # "N%" is of the eager step's measured peak (docs/native.md, "Which step '100%' is").
-        unplanned_peak = measure_native(model, (), example_inputs, loss_fn).peak_bytes + extra
+        eager = measure_native(model, (), example_inputs, loss_fn)
+        eager = replace(eager, peak_bytes=eager.peak_bytes + extra)
+        unplanned_peak = eager.peak_bytes
     budget_bytes = budget.resolve(unplanned_peak)
     target = budget_bytes
     measured = None
     solving = 0.0  # seconds in the search, the measurements apart
-    for _ in range(REPAIRS + 1):
+    # The un-checkpointed step measured within the budget needs nothing, whatever the prediction says
+    # (a few bytes above the measurement on a tiny model made "100%" infeasible).
+    attempts = 0 if eager is not None and eager.peak_bytes <= budget_bytes else REPAIRS + 1
+    if attempts == 0:
+        solved, held, measured = evaluate(op_graph, ()), fixed, eager
+    for _ in range(attempts):
         try:
             search_started = time.perf_counter()
             solved, held = solve_native(profile, model, target, time_limit, extra)
@@ -240,7 +248,7 @@ def plan_native(model: torch.nn.Module, example_inputs, budget: Budget, loss_fn=
         if measured.peak_bytes <= budget_bytes:
             break
         target -= measured.peak_bytes - budget_bytes  # the prediction missed by this much: ask for less
-    else:
+    if attempts and measured is not None and measured.peak_bytes > budget_bytes:
         raise Infeasible(
             f"budget {budget} ({format_bytes(budget_bytes)}): the native plan measured "
             f"{format_bytes(measured.peak_bytes)} after {REPAIRS} tightenings; try a larger budget or "

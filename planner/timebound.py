@@ -17,6 +17,11 @@ class PhaseTimeout(TimeoutError):
     """A phase of the command line ran past its time limit; the message says which and the limit."""
 
 
+class _Expired(BaseException):
+    """Raised by the timer inside the bounded code: a BaseException, so that the user's model code or
+    the profiler's ``except Exception`` (which wraps a model's errors) cannot take it for theirs."""
+
+
 @contextlib.contextmanager
 def time_bound(seconds: float | None, message: str) -> Iterator[None]:
     """Raise :class:`PhaseTimeout` (``message``) if the block runs longer than ``seconds``; ``None``,
@@ -26,12 +31,14 @@ def time_bound(seconds: float | None, message: str) -> Iterator[None]:
         return
 
     def expire(signum, frame):
-        raise PhaseTimeout(message)
+        raise _Expired
 
     previous = signal.signal(signal.SIGALRM, expire)
     signal.setitimer(signal.ITIMER_REAL, min(seconds, 1e8))  # setitimer overflows on absurd values
     try:
         yield
+    except _Expired:
+        raise PhaseTimeout(message) from None
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)

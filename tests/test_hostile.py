@@ -890,7 +890,7 @@ class Slow(nn.Module):
         self.linear = nn.Linear(8, 8)
 
     def forward(self, x):
-        time.sleep(0.5)  # a model whose step takes long: profiling runs it several times
+        time.sleep(2.0)  # a model whose step takes long: its first eager run alone outlasts the limit
         return self.linear(x)
 
 def build_model():
