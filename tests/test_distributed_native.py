@@ -74,17 +74,25 @@ def _max_difference(a: list[dict], b: list[dict]) -> float:
 
 
 def _peak(module: nn.Module, rank: int, build=None) -> int:
-    """Resident bytes (local parameters, buffers, the batch) plus what one step allocates on top;
-    with ``build``, what wrapping allocates (DDP's buckets) is measured in the same window."""
+    """Resident bytes (local parameters, buffers, the batch), plus what wrapping and a warm-up step
+    leave allocated (DDP's buckets, rebuilt after the first step; the warm-up's gradients, which the
+    measured step frees first), plus the most the measured step allocates on top: the step's peak,
+    not the wrapping's transients (DDP broadcasts a flat copy of the parameters when it wraps)."""
     batch = _local_batch(rank, 0)
+    holder = {}
 
     def step():
-        wrapped = build(module) if build else module
+        wrapped = holder["wrapped"]
         wrapped.zero_grad(set_to_none=True)
         _loss(wrapped(batch)).backward()
 
+    def wrap_and_warm():
+        holder["wrapped"] = build(module) if build else module
+        step()
+
+    _, held = allocated_while(wrap_and_warm)
     step_peak, _ = allocated_while(step)
-    return _local_bytes(module) + batch.numel() * batch.element_size() + step_peak
+    return _local_bytes(module) + batch.numel() * batch.element_size() + held + step_peak
 
 
 def _ddp(rank: int, plan) -> dict:
