@@ -98,9 +98,23 @@ def _storage(tensor: torch.Tensor) -> StorageWeakRef:
     return StorageWeakRef(tensor.untyped_storage())
 
 
+# Arguments that carry a forward's random draw into its backward: an op taking them replays that
+# draw from them and takes nothing from the generator.
+_DRAW_ARGUMENTS = {"philox_seed", "philox_offset"}
+
+
 def is_random(node: fx.Node) -> bool:
+    """Whether ``node`` draws from the global generator (dropout, SDPA with dropout, bernoulli).
+
+    CUDA's attention backwards (``_scaled_dot_product_{efficient,flash,cudnn}_attention_backward``)
+    carry the ``nondeterministic_seeded`` tag too, but read their forward's draw from its
+    ``philox_seed``/``philox_offset`` outputs: they are not random, and running one on placeholder
+    tensors (the traced executor's RNG pre-pass) reads garbage seeds and offsets (a segfault on an
+    H100)."""
     target = node.target
-    return isinstance(target, torch._ops.OpOverload) and torch.Tag.nondeterministic_seeded in target.tags
+    if not isinstance(target, torch._ops.OpOverload) or torch.Tag.nondeterministic_seeded not in target.tags:
+        return False
+    return not any(argument.name in _DRAW_ARGUMENTS for argument in target._schema.arguments)
 
 
 def _module_key(node: fx.Node, depth: int | None) -> tuple[str, str]:

@@ -445,3 +445,24 @@ def test_a_gru_recomputed_in_full_gives_the_same_gradients():
     plan = planner.plan(model, inputs, budget="100%", solver="store-all", loss_fn=loss, granularity="module:1")
     plan = with_schedule(plan, recompute_everything(plan.graph))
     _same_step(model, planner.apply(model, plan), inputs, loss)
+
+
+def test_attention_backwards_replaying_their_forward_draw_are_not_random():
+    """CUDA's attention backwards carry the nondeterministic_seeded tag but read their forward's
+    philox seed and offset: the traced executor's RNG pre-pass ran one on placeholder tensors and
+    segfaulted on an H100 (benchmarks/cuda_check.py). Their forwards, and dropout, stay random."""
+    from torch import fx
+
+    from profiler.grouping import is_random
+
+    graph = fx.Graph()
+    aten = torch.ops.aten
+
+    def node(op):
+        return graph.call_function(op, ())
+
+    assert not is_random(node(aten._scaled_dot_product_efficient_attention_backward.default))
+    assert not is_random(node(aten._scaled_dot_product_cudnn_attention_backward.default))
+    assert is_random(node(aten._scaled_dot_product_efficient_attention.default))
+    assert is_random(node(aten.native_dropout.default))
+    assert not is_random(node(aten.mm.default))
