@@ -302,12 +302,15 @@ class _Measurer:
         if count not in self.cache or self.cache[count].runs < repeats:
             paths = [b.path for b in self.order[:count]]
             module = runtime.checkpoint_blocks(self.model, paths) if paths else self.model
-            self.cache[count] = _measure(module, self.inputs, self.loss_fn, repeats)
+            self.cache[count] = measure_planned_step(module, self.inputs, self.loss_fn, repeats)
         return self.cache[count]
 
 
-def _measure(module, example_inputs, loss_fn, repeats: int) -> StepMeasurement:
-    """measure_step, leaving the parameters' .grad as they were (planning must not train)."""
+def measure_planned_step(module, example_inputs, loss_fn, repeats: int) -> StepMeasurement:
+    """profiler.memory.measure_step (peak in bytes, seconds per step over ``repeats``), leaving the
+    parameters' ``.grad`` as they were: planning must not train, and a planning step's gradients would
+    otherwise be added to the user's first real step's. Used by this fallback and by
+    planner/native.py's measured native plans."""
     grads = [(p, p.grad) for p in module.parameters()]
     try:
         return measure_step(module, example_inputs, loss_fn=loss_fn, repeats=repeats)

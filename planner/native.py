@@ -180,11 +180,11 @@ def measure_native(model: torch.nn.Module, regions, example_inputs, loss_fn, rep
     """One training step of ``model`` with ``regions`` checkpointed, measured, then undone. The
     parameters' ``.grad`` are left as they were: a planning step's gradients would otherwise be
     added to the user's first real step's (RNG and buffers are restored by measure_step)."""
-    from .fallback import _measure  # measure_step, the parameters' .grad restored
+    from .fallback import measure_planned_step  # measure_step, the parameters' .grad restored
 
     try:
         apply_native(model, regions)
-        return _measure(model, example_inputs, loss_fn, repeats)
+        return measure_planned_step(model, example_inputs, loss_fn, repeats)
     finally:
         remove_native(model)
 
