@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 from ..clock import Clock
 from ..errors import Infeasible, SolverTimeout
 from ..graph import NodeCosts, node_costs
@@ -41,6 +43,26 @@ def _checked(graph, costs: NodeCosts, computes: list[int], budget: int):
     return (schedule, outcome) if outcome.valid else (None, outcome)
 
 
+@dataclass
+class _Search:
+    """What one call has in hand: the graph indexed, the clock, the schedules found so far
+    (``(cost, peak, schedule, source)``), the relaxation and its first solve, and notes for the
+    message."""
+
+    graph: object
+    costs: NodeCosts
+    budget: int
+    clock: Clock
+    found: list = field(default_factory=list)
+    notes: list = field(default_factory=list)
+    model: OrderFreeModel | None = None
+    first: Relaxation = field(default_factory=lambda: Relaxation(None))
+
+    def small_model(self) -> bool:
+        """Whether the model is small enough for a MIP start and re-solves (``START_MAX_COLUMNS``)."""
+        return self.model is not None and len(self.model.integrality) <= START_MAX_COLUMNS
+
+
 def solve_orderfree(graph, budget: int, time_limit: float | None = None) -> Schedule:
     """The ``orderfree`` method (module docstring): the relaxation's optimum laid out, repaired at
     smaller budgets when it overshoots, against the fast heuristics; ``optimal`` only when the cost
@@ -50,66 +72,98 @@ def solve_orderfree(graph, budget: int, time_limit: float | None = None) -> Sche
     then meets) and :class:`SolverTimeout` when time runs out with no schedule."""
     clock = Clock(time_limit_or_default(time_limit))
     costs = node_costs(graph)
-    base = float(sum(costs.cost))
-    order = list(range(costs.n))
-    store_all, outcome = _checked(graph, costs, order, budget)
+    store_all, outcome = _checked(graph, costs, list(range(costs.n)), budget)
     if outcome.peak_bytes <= budget:
-        return store_all.with_info(method=METHOD, status=OPTIMAL, gap=0.0, lower_bound=base,
+        return store_all.with_info(method=METHOD, status=OPTIMAL, gap=0.0, lower_bound=float(sum(costs.cost)),
                                    message="store-all fits the budget")
     # The fast heuristics first: their schedules stand when the MILP runs out of time.
-    found = _fallbacks(graph, budget, clock, ("dp", "chen-greedy"), HEURISTIC_SHARE)
-    notes = []  # found: (cost, peak, schedule, source)
-    try:
-        model = OrderFreeModel(costs, budget, choose_milestones(costs)).build(clock)
-        # The LP first: its value is a bound even where the MILP's root does not finish in time
-        # (501 nodes: the LP takes ~4 s); on small graphs it costs milliseconds.
-        lp = model.solve(clock.share(LP_SHARE), integral=False)
-        if found and len(model.integrality) <= START_MAX_COLUMNS:  # the MILP starts from the cheapest heuristic schedule
-            start = min(found, key=lambda item: item[0])[2]
-            start_from(model, [(kind, costs.index[v]) for kind, v in start])
-        first = lp if lp.infeasible else model.solve(clock.share(FIRST_SOLVE_SHARE))
-        if lp.bound is not None and (first.bound is None or first.bound < lp.bound):
-            first.bound = lp.bound
-    except SolverTimeout as error:
-        if not found:
-            raise
-        model, first = None, Relaxation(None)
-        notes.append(str(error))
-    bound = base if first.bound is None else max(base, first.bound)
-    if first.infeasible:
+    search = _Search(graph, costs, budget, clock, _fallbacks(graph, budget, clock, ("dp", "chen-greedy"),
+                                                             HEURISTIC_SHARE))
+    _solve_relaxation(search)
+    bound = _bound(search)
+    if search.first.infeasible:
         least = _fallback_minimum(graph, costs, outcome.peak_bytes, clock)
         raise Infeasible(f"orderfree: the order-free relaxation proves that no schedule fits in {budget} bytes; "
                          f"the least budget this method meets is {least} bytes", min_budget=least, method=METHOD)
-    repairs = REPAIR_ATTEMPTS if model is not None and len(model.integrality) <= START_MAX_COLUMNS else 0
-    laid = None if model is None else _laid_out(graph, costs, model, first, budget, clock, repairs)
-    found += [laid] if laid is not None else []
-    best = min((item[0] for item in found), default=None)
-    unproven = best is None or best - bound > OPTIMALITY_TOLERANCE * max(best, 1e-12)
-    if unproven and costs.n <= EXACT_FALLBACK_NODES:
-        found += _fallbacks(graph, budget, clock, ("exhaustive",), 0.5)
-    if not found:
-        # Out of time, or the MILP stopped by its share of it: more time may find one.
-        stopped = clock.expired() or not first.proven
-        least = None if stopped else _fallback_minimum(graph, costs, outcome.peak_bytes, clock)
-        if least is None or least <= budget:
-            raise SolverTimeout(f"orderfree: no schedule within {budget} bytes found in {clock.limit:g} s",
-                                method=METHOD)
-        raise Infeasible(f"orderfree: no laid-out solution of the relaxation fits {budget} bytes and the "
-                         f"fallbacks found none; the least budget this method meets is {least} bytes",
-                         min_budget=least, method=METHOD)
-    cost, peak, schedule, source = min(found, key=lambda item: (item[0], item[1]))
+    if search.model is not None:
+        laid = _laid_out(graph, costs, search.model, search.first, budget, clock,
+                         REPAIR_ATTEMPTS if search.small_model() else 0)
+        search.found += [laid] if laid is not None else []
+    best = min((item[0] for item in search.found), default=None)
+    if _unproven(best, bound) and costs.n <= EXACT_FALLBACK_NODES:
+        search.found += _fallbacks(graph, budget, clock, ("exhaustive",), 0.5)
+    if not search.found:
+        raise _nothing_found(search, outcome.peak_bytes)
+    return _reported(search, bound)
+
+
+def _solve_relaxation(search: _Search) -> None:
+    """Build the relaxation, solve its LP (a bound even where the MILP's root does not finish in
+    time: 501 nodes, ~4 s; milliseconds on small graphs), then its MILP started from the cheapest
+    heuristic schedule. Sets ``search.model`` and ``search.first`` (the first solve, holding the
+    better of the LP's and the MILP's bounds); on a timeout with schedules in hand, notes it."""
+    costs, clock, found = search.costs, search.clock, search.found
+    try:
+        model = OrderFreeModel(costs, search.budget, choose_milestones(costs)).build(clock)
+        lp = model.solve(clock.share(LP_SHARE), integral=False)
+        if found and len(model.integrality) <= START_MAX_COLUMNS:
+            start = min(found, key=lambda item: item[0])[2]
+            start_from(model, [(kind, costs.index[v]) for kind, v in start])
+        first = lp if lp.infeasible else model.solve(clock.share(FIRST_SOLVE_SHARE))
+    except SolverTimeout as error:
+        if not found:
+            raise
+        search.notes.append(str(error))
+        return
+    if lp.bound is not None and (first.bound is None or first.bound < lp.bound):
+        first.bound = lp.bound
+    search.model, search.first = model, first
+
+
+def _bound(search: _Search) -> float:
+    """Seconds every schedule within the budget needs: the relaxation's bound, never below
+    computing every node once."""
+    base = float(sum(search.costs.cost))
+    return base if search.first.bound is None else max(base, search.first.bound)
+
+
+def _unproven(best: float | None, bound: float) -> bool:
+    """Whether the cheapest cost found (seconds; ``None``: none) is not proven by ``bound``."""
+    return best is None or best - bound > OPTIMALITY_TOLERANCE * max(best, 1e-12)
+
+
+def _nothing_found(search: _Search, store_all_peak: int) -> Exception:
+    """The error when no schedule fits: a timeout when out of time or the MILP was stopped by its
+    share of it (more time may find one), else :class:`Infeasible` with the fallbacks' least budget."""
+    clock, budget = search.clock, search.budget
+    stopped = clock.expired() or not search.first.proven
+    least = None if stopped else _fallback_minimum(search.graph, search.costs, store_all_peak, clock)
+    if least is None or least <= budget:
+        return SolverTimeout(f"orderfree: no schedule within {budget} bytes found in {clock.limit:g} s",
+                             method=METHOD)
+    return Infeasible(f"orderfree: no laid-out solution of the relaxation fits {budget} bytes and the "
+                      f"fallbacks found none; the least budget this method meets is {least} bytes",
+                      min_budget=least, method=METHOD)
+
+
+def _reported(search: _Search, bound: float) -> Schedule:
+    """The cheapest schedule found, with its status (``optimal`` only when its cost meets the
+    bound, or the exhaustive search proved it), gap, bound and a message naming its source."""
+    cost, peak, schedule, source = min(search.found, key=lambda item: (item[0], item[1]))
     if source == "exhaustive" and schedule.info.status == OPTIMAL:
         bound = max(bound, schedule.info.lower_bound)  # the search proved its optimum: a bound too
     lower = min(bound, cost)
     gap = 0.0 if cost <= 0 else (cost - lower) / cost
     status = OPTIMAL if gap <= OPTIMALITY_TOLERANCE else FEASIBLE
+    notes = list(search.notes)
     if status == OPTIMAL:  # proven up to the solver's tolerance (the bound is lowered by BOUND_SAFETY)
         lower, gap = cost, 0.0
-    elif model is not None and not first.proven:
+    elif search.model is not None and not search.first.proven:
         notes.append("time limit reached before the relaxation was solved: its dual bound stands")
+    model = search.model
     marks = "" if model is None else f"; bound of the order-free relaxation with {len(model.marks)} milestones"
     source = source if source.startswith(("its", "the relax")) else f"{source}'s schedule"
-    return schedule.with_info(method=METHOD, status=status, gap=gap, lower_bound=lower, budget_bytes=budget,
+    return schedule.with_info(method=METHOD, status=status, gap=gap, lower_bound=lower, budget_bytes=search.budget,
                               compute_cost=cost, predicted_peak_bytes=peak,
                               message="; ".join([source + marks] + notes))
 
