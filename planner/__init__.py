@@ -4,6 +4,7 @@
 >>> plan = planner.plan(model, example_inputs, budget="12GB")      # doctest: +SKIP
 >>> fast = planner.apply(model, plan)                             # doctest: +SKIP
 >>> fast = planner.checkpoint(model, example_inputs, budget="60%")  # doctest: +SKIP
+>>> plan = planner.plan_from_profile(profiler.profile(model, example_inputs), "60%")  # doctest: +SKIP
 """
 
 import importlib
@@ -13,7 +14,7 @@ import importlib
 _EXPORTS = {
     "BudgetInfeasible": ".api", "EXECUTORS": ".api", "FallbackWarning": ".api", "NativePlan": ".native",
     "SolverError": ".api", "apply": ".api",
-    "checkpoint": ".api", "load": ".api", "plan": ".api", "plan_untraceable": ".api",
+    "checkpoint": ".api", "load": ".api", "plan": ".api", "plan_from_profile": ".api", "plan_untraceable": ".api",
     "ACCEPTED_FORMS": ".budget", "Budget": ".budget", "BudgetError": ".budget", "format_bytes": ".budget",
     "parse_budget": ".budget", "Plan": ".planfile", "PlanFileError": ".planfile",
 }
@@ -48,5 +49,6 @@ __all__ = [
     "load",
     "parse_budget",
     "plan",
+    "plan_from_profile",
     "plan_untraceable",
 ]

@@ -1,4 +1,4 @@
-"""The Python API: ``plan``, ``checkpoint``, ``apply``, ``load`` (docs/contract.md, "The Python API")."""
+"""The Python API: ``plan``, ``plan_from_profile``, ``checkpoint``, ``apply``, ``load`` (docs/contract.md, "The Python API")."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from .native import DISTRIBUTED, NativePlan, plan_native
 from .planfile import Plan, load, profile_fields
 
 __all__ = ["BudgetInfeasible", "EXECUTORS", "profile_for", "FallbackWarning", "NativePlan", "SolverError", "Plan", "apply", "checkpoint",
-           "load", "plan", "plan_untraceable"]
+           "load", "plan", "plan_from_profile", "plan_untraceable"]
 
 # native: torch.utils.checkpoint on the model's own modules (the default); traced: the profiled
 # graph's schedule replayed by runtime/module.py (any schedule, any solver).
@@ -81,12 +81,11 @@ def plan(
     :class:`planner.fallback.ModuleChainPlan` instead, with a :class:`FallbackWarning`: whole blocks
     checkpointed with torch.utils.checkpoint, its figures measured (see :func:`plan_untraceable`).
     """
+    if model is None:
+        raise TypeError("plan() profiles and plans a model: pass the model and its example inputs; to plan from "
+                        "a profile alone use planner.plan_from_profile(profile, budget)")
     parsed = parse_budget(budget)
-    if model is None and executor is None:
-        executor = "traced"  # planning from a profile alone (sweeps, --max-batch): no model to checkpoint or measure
     executor = _executor(executor, solver)
-    if executor == "native" and model is None:
-        raise SolverError("executor='native' plans a model's modules and measures its step: pass the model")
     if distributed is not None and distributed not in DISTRIBUTED:
         raise SolverError(f"distributed={distributed!r} is not accounted for; accepted: None, "
                           + ", ".join(repr(d) for d in DISTRIBUTED)
@@ -100,20 +99,51 @@ def plan(
             profile = profiler.profile(model, example_inputs, loss_fn=loss_fn, granularity=granularity)
         except profiler.TraceError as error:
             return plan_untraceable(model, example_inputs, parsed, loss_fn=loss_fn, reason=error.reason)
+    search = parse_granularity(granularity) == "auto"  # the profiler's choice: finer groupings are tried too
+    return plan_from_profile(profile, parsed, solver=solver, time_limit=time_limit, finer=search,
+                             model_name=type(model).__name__)
+
+
+def plan_from_profile(profile: profiler.Profile, budget="100%", solver: str = "auto",
+                      time_limit: float | None = None, finer: bool = True, model_name: str = "") -> Plan:
+    """A traced plan (``executor="traced"``) solved on ``profile`` alone: no model is run or measured.
+
+    What sweeps and ``--max-batch`` plan from: a :func:`profiler.profile`, or a stand-in holding its
+    graph and its loss and input facts (planner/sweep/sweeptasks.py, ``Profiled.as_profile``). The
+    plan it returns is what :func:`plan` returns for a traced executor on the same profile, except
+    that ``Plan.model`` is ``model_name`` (the model's class name, for the plan file; empty when not
+    given).
+
+    ``budget``: bytes of the whole step (``"12GB"``, an int, a :class:`planner.Budget`) or a
+    percentage of the un-checkpointed step's peak predicted on ``profile`` (``"60%"``). ``solver``:
+    ``"auto"`` or a method of ``solvers.METHODS`` (not ``"regions"``, which plans native regions of
+    a model). ``time_limit`` (seconds) bounds the searching solvers. ``finer``: the chain methods
+    also plan every finer grouping ``profile`` holds and the cheapest schedule wins
+    (planner/granularity.py); :func:`plan` passes True when the granularity was the profiler's choice
+    (``"module"``). A budget out of reach is tried again on the trace whose loss backward
+    recomputes its log-probabilities (profiler/fusions.py), as in :func:`plan`.
+
+    Raises :class:`BudgetInfeasible` (``min_budget`` in whole-step bytes) when the budget cannot be
+    met, :class:`SolverError` when the solver refuses the problem as asked.
+
+    >>> prof = profiler.profile(model, example_inputs)                          # doctest: +SKIP
+    >>> planner.plan_from_profile(prof, "60%", solver="dp").predicted_peak_bytes  # doctest: +SKIP
+    """
+    parsed = parse_budget(budget)
+    _executor("traced", solver)
     graph = profile.graph
     fixed = held_besides_schedule(graph)
     store_all = simulate(graph, store_all_schedule(graph))
     unplanned_peak = fixed + store_all.peak_bytes
     budget_bytes = parsed.resolve(unplanned_peak)
-    search = parse_granularity(granularity) == "auto"  # the profiler's choice: finer groupings are tried too
     try:
-        solved = _solve(profile, budget_bytes, solver, time_limit, search)
+        solved = _solve(profile, budget_bytes, solver, time_limit, finer)
     except ValueError as error:  # solvers raise ValueError for what they were asked, not for a bug
         raise SolverError(f"solver {solver!r}: {error}") from error
     except Infeasible as error:
         minimum = error.min_budget
         if minimum is None:
-            minimum = _minimum_budget(profile, solver, time_limit, search, unplanned_peak)
+            minimum = _minimum_budget(profile, solver, time_limit, finer, unplanned_peak)
         raise BudgetInfeasible(
             f"budget {parsed} ({format_bytes(budget_bytes)}) is below the minimum the {error.method or solver} solver "
             f"can reach for this model: {format_bytes(minimum)} ({minimum} bytes: parameters, buffers, inputs and "
@@ -137,7 +167,7 @@ def plan(
         unplanned_seconds=store_all.compute_cost,
         fingerprint=profile.fingerprint,
         granularity=profile.granularity,
-        **profile_fields(profile, model),
+        **profile_fields(profile, model_name),
     )
 
 

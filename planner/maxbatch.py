@@ -22,7 +22,7 @@ import networkx as nx
 import torch
 import torch.utils._pytree as pytree
 
-from .api import BudgetInfeasible, plan
+from .api import BudgetInfeasible, plan, plan_from_profile
 from .budget import Budget, format_bytes, parse_budget
 from .planfile import Plan
 from .progress import Progress
@@ -196,8 +196,9 @@ def find_max_batch(model: torch.nn.Module, example_inputs: Any, budget, solver: 
                             base.granularity, base.device, 0.0, False)
         result.solves += 1
         try:
-            made = plan(None, None, budget_bytes, solver=solver, time_limit=time_limit, profile=stand_in.as_profile(),
-                        executor="traced")
+            # The stand-in holds no finer groupings: finer=True only lets auto try store-all first.
+            made = plan_from_profile(stand_in.as_profile(), budget_bytes, solver=solver, time_limit=time_limit,
+                                     model_name=type(model).__name__)
         except BudgetInfeasible:
             fits = False
         else:

@@ -221,8 +221,9 @@ class Plan:
 
 
 def profile_fields(profile, model) -> dict:
-    """The :class:`Plan` fields that come from the profile a plan was solved on and the model's class:
-    what every kind of plan records about the step it was made for."""
+    """The :class:`Plan` fields that come from the profile a plan was solved on and the model's class
+    (``model``: the model, or its class name where only a profile was given): what every kind of plan
+    records about the step it was made for."""
     joint = profile.joint
     return {
         "device": profile.device,
@@ -230,7 +231,7 @@ def profile_fields(profile, model) -> dict:
         "tangent_outputs": tuple(joint.loss.tangent_outputs),
         "tangent_specs": tuple(joint.loss.tangent_specs),
         "inputs": joint.layout.signature,
-        "model": type(model).__name__,
+        "model": model if isinstance(model, str) else type(model).__name__,
         "profile_seconds": profile.seconds,
         "autocast": getattr(joint, "autocast", ""),
         "profile": profile,

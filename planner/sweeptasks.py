@@ -147,12 +147,15 @@ def profile_model(spec: ModelSpec, device: str | None, cache_dir: str | None) ->
 @_busy
 def solve_run(run: Run, profiled: Profiled) -> Outcome:
     """Plan one budget x solver on a profiled model; failures become an Outcome, never an exception."""
-    from .api import BudgetInfeasible, plan
+    from profiler.api import parse_granularity
+
+    from .api import BudgetInfeasible, plan_from_profile
 
     started = time.perf_counter()
     try:
-        made = plan(None, None, run.budget, solver=run.solver, time_limit=run.model.time_limit,
-                    granularity=run.model.granularity, profile=profiled.as_profile())
+        made = plan_from_profile(profiled.as_profile(), run.budget, solver=run.solver, time_limit=run.model.time_limit,
+                                 finer=parse_granularity(run.model.granularity) == "auto",
+                                 model_name=profiled.model_class)
     except BudgetInfeasible as error:
         unplanned = _unplanned_peak(profiled.graph)
         return Outcome(INFEASIBLE, method=error.method or run.solver, error=str(error).strip().splitlines()[0],
@@ -165,8 +168,7 @@ def solve_run(run: Run, profiled: Profiled) -> Outcome:
                        + (f" ({detail})" if detail else ""), solve_seconds=time.perf_counter() - started)
     except Exception as error:  # a solver failure is this run's failure; the sweep goes on
         return Outcome(ERROR, method=run.solver, error=describe(error), solve_seconds=time.perf_counter() - started)
-    made.model = profiled.model_class  # plan() was given no model object, only its profile
-    made.profile = None
+    made.profile = None  # a stand-in without a trace: the plan is saved, never applied
     info = made.schedule.info
     return Outcome(
         status=info.status, method=info.method, error="", budget_bytes=made.budget_bytes,

@@ -338,6 +338,5 @@ def test_a_sweep_searches_finer_groupings_as_plan_does(tmp_path):
     outcome = solve_run(Run("b", searched, budget, "chen-greedy", None), profiled)
     assert outcome.status == "heuristic", outcome.error
     assert outcome.plan["granularity"] in [profiled.granularity, *labels]
-    given_only = planner.plan(None, None, budget, solver="chen-greedy", granularity=profiled.granularity,
-                              profile=profiled.as_profile())
+    given_only = planner.plan_from_profile(profiled.as_profile(), budget, solver="chen-greedy", finer=False)
     assert outcome.predicted_seconds <= given_only.predicted_seconds
