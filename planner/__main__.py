@@ -1,8 +1,8 @@
-"""``python -m planner ...``: the same command as ``plan-checkpoints ...`` (planner/cli.py)."""
+"""``python -m planner ...``: the same command as ``plan-checkpoints ...`` (planner/cli/command.py)."""
 
 import sys
 
-from planner.cli import main
+from planner.cli.command import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -109,7 +109,7 @@ def plan_from_profile(profile: profiler.Profile, budget="100%", solver: str = "a
     """A traced plan (``executor="traced"``) solved on ``profile`` alone: no model is run or measured.
 
     What sweeps and ``--max-batch`` plan from: a :func:`profiler.profile`, or a stand-in holding its
-    graph and its loss and input facts (planner/sweep/sweeptasks.py, ``Profiled.as_profile``). The
+    graph and its loss and input facts (planner/sweep/tasks.py, ``Profiled.as_profile``). The
     plan it returns is what :func:`plan` returns for a traced executor on the same profile, except
     that ``Plan.model`` is ``model_name`` (the model's class name, for the plan file; empty when not
     given).

@@ -256,7 +256,7 @@ CONFIG_ERRORS = [
 
 @pytest.mark.parametrize("text, phrases", CONFIG_ERRORS, ids=[p[1][1] if len(p[1]) > 1 else p[1][0] for p in CONFIG_ERRORS])
 def test_sweep_file_checks_name_the_line_and_what_is_accepted(tmp_path, text, phrases):
-    from planner.sweepconfig import ConfigError, load_sweep
+    from planner.sweep.config import ConfigError, load_sweep
 
     write(tmp_path / "model.py", SWEEP_MODEL)
     (tmp_path / "sweep.yaml").write_text(text)
@@ -269,7 +269,7 @@ def test_sweep_file_checks_name_the_line_and_what_is_accepted(tmp_path, text, ph
 
 
 def test_a_sweep_file_lists_models_x_budgets_x_solvers_with_their_settings(tmp_path):
-    from planner.sweepconfig import load_sweep
+    from planner.sweep.config import load_sweep
 
     write(tmp_path / "model.py", SWEEP_MODEL)
     write(tmp_path / "sweep.yaml", """
@@ -318,8 +318,8 @@ def example_inputs(batch=256):
 def test_a_sweep_searches_finer_groupings_as_plan_does(tmp_path):
     """With the profiler's granularity a sweep's run plans like planner.plan: the chain methods also
     try every finer grouping (planner/granularity.py); with a fixed granularity neither searches."""
-    from planner.sweepconfig import ModelSpec, Run
-    from planner.sweeptasks import profile_model, solve_run
+    from planner.sweep.config import ModelSpec, Run
+    from planner.sweep.tasks import profile_model, solve_run
 
     path = write(tmp_path / "model.py", RESIDUAL_MODEL)
     budget = planner.parse_budget("75%")

@@ -54,7 +54,7 @@ def model_file(tmp_path, text=TINY_MODEL, name="model.py"):
 
 def error_lines(stderr: str) -> list[str]:
     """stderr without the progress lines (a line per phase when not on a terminal)."""
-    from planner.progress import is_progress_line
+    from planner.cli.progress import is_progress_line
 
     return [line for line in stderr.strip().splitlines() if not is_progress_line(line)]
 

@@ -162,7 +162,7 @@ def run_cli(capsys, tmp_path, text: str, *options: str):
 
 def assert_clean_error(status, err, out, expected_status, *phrases):
     assert status == expected_status, err
-    from planner.progress import is_progress_line
+    from planner.cli.progress import is_progress_line
 
     lines = [line for line in err.strip().splitlines() if not is_progress_line(line)]  # a line per phase
     assert len(lines) == 1 and lines[0].startswith("plan-checkpoints: error: "), err

@@ -25,7 +25,7 @@ import time
 import pytest
 from signals import default_sigint
 
-from planner.progress import is_progress_line
+from planner.cli.progress import is_progress_line
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXIT_OK, EXIT_FAILED_RUNS, EXIT_USAGE, EXIT_INFEASIBLE, EXIT_TIMEOUT, EXIT_INTERRUPTED = 0, 1, 2, 3, 4, 130
@@ -103,7 +103,7 @@ def plan_data(tmp_path_factory) -> dict:
     """A real plan (chen-greedy on the tiny model), as the JSON a user's plan file holds. Made once:
     it is the input of the plan-file cases, not a result under test."""
     import planner
-    from planner.modelfile import load_model_file
+    from planner.cli.modelfile import load_model_file
 
     folder = tmp_path_factory.mktemp("plan")
     (folder / "model.py").write_text(TINY)
@@ -486,8 +486,8 @@ def test_a_solver_out_of_time_names_the_users_budget(folder, monkeypatch, capsys
 def test_a_sweep_run_out_of_time_names_the_users_budget(folder, monkeypatch):
     import planner.granularity
     from planner.budget import parse_budget
-    from planner.sweepconfig import ModelSpec, Run
-    from planner.sweeptasks import profile_model, solve_run
+    from planner.sweep.config import ModelSpec, Run
+    from planner.sweep.tasks import profile_model, solve_run
 
     def out_of_time(graph, budget, method="auto", time_limit=None, **options):
         raise TimeoutError(f"ilp: no schedule within {budget} bytes found in the time limit ({time_limit} s)")
@@ -574,7 +574,7 @@ def test_progress_off_a_terminal_is_a_line_per_phase_and_quiet_is_quiet(folder):
 def test_verbose_logs_the_tools_loggers(capsys):
     import logging
 
-    from planner.cli import setup_logging
+    from planner.cli.command import setup_logging
 
     setup_logging(1)
     try:
@@ -848,7 +848,7 @@ def test_fuzz_sweep_files(tmp_path):
     from hypothesis import HealthCheck, given, settings
     from hypothesis import strategies as st
 
-    from planner.sweepconfig import ConfigError, load_sweep
+    from planner.sweep.config import ConfigError, load_sweep
 
     (tmp_path / "model.py").write_text(TINY)
     paths = [path for path, _ in _paths(SWEEP) if path]

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import planner
-from planner.maxbatch import MaxBatchError, batch_size_of, largest_fitting, predict_graph, scale_inputs
+from planner.cli.maxbatch import MaxBatchError, batch_size_of, largest_fitting, predict_graph, scale_inputs
 
 from test_cli import model_file, run
 

@@ -39,7 +39,7 @@ def test_show_describes_the_plan_and_plots_its_memory(tmp_path):
 
 
 def test_the_plotted_memory_is_the_simulated_schedule(tmp_path):
-    from planner.show import memory_profile
+    from planner.cli.show import memory_profile
 
     made = _plan(tmp_path / "plan.json", budget="85%")
     loaded = planner.load(tmp_path / "plan.json")

@@ -14,7 +14,7 @@ import re
 from profiler.api import CachedTimes
 from profiler.measure import OpTimes
 
-from .files import write_atomic
+from ..files import write_atomic
 
 FORMAT = "plan-checkpoints-times/2"  # /2: with each op's measured scratch bytes
 _SAFE_KEY = re.compile(r"^[A-Za-z0-9._-]+$")

@@ -22,10 +22,10 @@ from concurrent.futures import FIRST_COMPLETED, Executor, Future, ProcessPoolExe
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 
-from .progress import Progress
+from ..cli.progress import Progress
 from .reports import Results, failures
-from .sweepconfig import ModelSpec, Run, Sweep, load_sweep
-from .sweeptasks import OK_STATUSES, Outcome, Profiled, failed_profile, profile_model, solve_run, worker_setup
+from .config import ModelSpec, Run, Sweep, load_sweep
+from .tasks import OK_STATUSES, Outcome, Profiled, failed_profile, profile_model, solve_run, worker_setup
 
 EXIT_FAILED_RUNS = 1
 
@@ -49,7 +49,7 @@ def _parser() -> argparse.ArgumentParser:
                         help="where measured op times are kept between sweeps (default: OUT/.profile-cache)")
     parser.add_argument("--no-cache", action="store_true", help="time every model afresh and keep nothing")
     parser.add_argument("--retry-failed", action="store_true", help="run failed runs again (finished ones are kept)")
-    from .cli import add_verbosity
+    from ..cli.command import add_verbosity
 
     add_verbosity(parser)
     return parser
@@ -68,7 +68,7 @@ class InlineExecutor(Executor):
         return future
 
 
-POOL_USED = False  # worker processes were started (planner/cli.py then lets the interpreter exit normally)
+POOL_USED = False  # worker processes were started (planner/cli/command.py then lets the interpreter exit normally)
 
 
 def _pool(jobs: int) -> Executor:
@@ -79,7 +79,7 @@ def _pool(jobs: int) -> Executor:
     # forkserver: workers fork from a clean process that has imported torch once; never from this
     # one (forking a process that may hold threads is unsafe, spawning re-imports torch per worker).
     context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(["planner.sweeptasks", "torch"])
+    context.set_forkserver_preload(["planner.sweep.tasks", "torch"])
     threads = max(1, (os.cpu_count() or 1) // jobs)
     return ProcessPoolExecutor(jobs, mp_context=context, initializer=worker_setup, initargs=(threads, os.getpid()))
 
@@ -116,7 +116,7 @@ def _describe_run(run: Run) -> str:
 def _describe_outcome(outcome: Outcome) -> str:
     if outcome.status not in OK_STATUSES:
         return f"{outcome.status}: {outcome.error}"
-    from .budget import format_bytes
+    from ..budget import format_bytes
 
     method = f" ({outcome.method})" if outcome.method else ""
     return (f"{outcome.status}{method}, peak {format_bytes(outcome.predicted_peak_bytes)}, overhead "
@@ -188,7 +188,7 @@ def execute(state: SweepState, todo: list[Run], jobs: int, cache_dir: str | None
 def _stop_workers(executor: Executor) -> None:
     """Stop the workers' tasks now: they ignore SIGINT (a Ctrl-C goes to the whole process group, and
     the sweep decides), and would finish their solves first. SIGTERM makes a worker's running task
-    raise KeyboardInterrupt (sweeptasks.worker_setup); the pool's shutdown then ends every worker
+    raise KeyboardInterrupt (tasks.worker_setup); the pool's shutdown then ends every worker
     cleanly, its queues and semaphores released."""
     for process in list((getattr(executor, "_processes", None) or {}).values()):  # none for --jobs 1
         try:
@@ -211,7 +211,7 @@ def _default_out(config: str) -> str:
 def _check_folders(sweep: Sweep, out: str, cache_dir: str | None) -> None:
     """--out and --cache-dir before any work: folders (or to be made), writable, and no file the sweep
     writes is its sweep file or one of its model files."""
-    from .files import WriteError, check_output
+    from ..files import WriteError, check_output
 
     inputs = [sweep.path, *(m.file for m in sweep.models)]
     for folder, option in ((out, "--out"), (cache_dir, "--cache-dir")):
@@ -227,7 +227,7 @@ def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
     if args.jobs < 1:
         raise BatchUsageError(f"--jobs must be at least 1, got {args.jobs}")
-    from .cli import setup_logging
+    from ..cli.command import setup_logging
 
     setup_logging(args.verbose)
     sweep = load_sweep(args.config)  # every error in the file before any work

@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass
 from collections.abc import Sequence
 
-from .files import write_atomic
+from ..files import write_atomic
 
 MIB = 2**20
 

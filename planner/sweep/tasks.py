@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import networkx as nx
 
-from .sweepconfig import ModelSpec, Run
+from .config import ModelSpec, Run
 
 OK_STATUSES = ("optimal", "optimal-in-order", "feasible", "heuristic")  # a plan was made (solvers' own statuses)
 INFEASIBLE = "infeasible"  # the budget is below what the solver reaches
@@ -76,7 +76,7 @@ class Outcome:
 
 def describe(error: BaseException) -> str:
     """One line: the exception's type and the first line of its message."""
-    from .modelfile import ModelFileError
+    from ..cli.modelfile import ModelFileError
 
     text = str(error).strip().splitlines()[0] if str(error).strip() else ""
     if isinstance(error, ModelFileError):
@@ -87,9 +87,9 @@ def describe(error: BaseException) -> str:
 # -- a model file with keyword arguments ------------------------------------------------------------
 def load_model(spec: ModelSpec, device: str | None):
     """Build the model and its inputs from the spec's file, functions and keyword arguments. Only
-    functions the file defines itself are called (planner/modelfile.py); a sweep file is code all
+    functions the file defines itself are called (planner/cli/modelfile.py); a sweep file is code all
     the same, since it names the file (docs/batch.md)."""
-    from .modelfile import load_model_file
+    from ..cli.modelfile import load_model_file
 
     return load_model_file(spec.file, spec.model_fn, spec.inputs_fn, device, model_kwargs=spec.model_kwargs,
                            inputs_kwargs=spec.inputs_kwargs, loss_fn=spec.loss_fn, loss_kwargs=spec.loss_kwargs)
@@ -126,7 +126,7 @@ def profile_model(spec: ModelSpec, device: str | None, cache_dir: str | None) ->
 
     from .profilecache import ProfileCache
 
-    from .modelfile import guarded
+    from ..cli.modelfile import guarded
 
     model_file = load_model(spec, device)
     cache = ProfileCache(cache_dir) if cache_dir else None
@@ -149,7 +149,7 @@ def solve_run(run: Run, profiled: Profiled) -> Outcome:
     """Plan one budget x solver on a profiled model; failures become an Outcome, never an exception."""
     from profiler.api import parse_granularity
 
-    from .api import BudgetInfeasible, plan_from_profile
+    from ..api import BudgetInfeasible, plan_from_profile
 
     started = time.perf_counter()
     try:
@@ -183,7 +183,7 @@ def _unplanned_peak(graph: nx.DiGraph) -> int:
     from solvers import simulate
     from solvers.store_all import store_all_schedule
 
-    from .footprint import held_besides_schedule
+    from ..footprint import held_besides_schedule
 
     return held_besides_schedule(graph) + simulate(graph, store_all_schedule(graph)).peak_bytes
 

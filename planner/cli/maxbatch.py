@@ -22,9 +22,9 @@ import networkx as nx
 import torch
 import torch.utils._pytree as pytree
 
-from .api import BudgetInfeasible, plan, plan_from_profile
-from .budget import Budget, format_bytes, parse_budget
-from .planfile import Plan
+from ..api import BudgetInfeasible, plan, plan_from_profile
+from ..budget import Budget, format_bytes, parse_budget
+from ..planfile import Plan
 from .progress import Progress
 
 MAX_GROWTH = 2**16  # give up doubling beyond this multiple of the example batch
@@ -156,7 +156,7 @@ def find_max_batch(model: torch.nn.Module, example_inputs: Any, budget, solver: 
     the class the predictions at other batch sizes are made for."""
     import profiler
 
-    from .sweeptasks import Profiled
+    from ..sweep.tasks import Profiled
 
     progress = progress or Progress(enabled=False)
     parsed: Budget = parse_budget(budget)

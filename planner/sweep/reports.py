@@ -15,11 +15,11 @@ import time
 from dataclasses import asdict
 from collections.abc import Iterable
 
-from .budget import format_bytes
-from .files import write_atomic
-from .plots import Point, sweep_plot
-from .sweepconfig import Run, Sweep
-from .sweeptasks import ERROR, INFEASIBLE, OK_STATUSES, Outcome, Profiled
+from ..budget import format_bytes
+from ..files import write_atomic
+from ..cli.plots import Point, sweep_plot
+from .config import Run, Sweep
+from .tasks import ERROR, INFEASIBLE, OK_STATUSES, Outcome, Profiled
 
 RECORD_FORMAT = "plan-checkpoints-run/1"
 NOT_RUN = "not run"

@@ -3,8 +3,8 @@
     plan-checkpoints MODEL.py --budget 12GB [--solver auto|...] [--device cpu|cuda]
                      [--out plan.json] [--json] [--time-limit SECONDS]
                      [--max-batch [--max-overhead 0.3]] [-v | -q]
-    plan-checkpoints batch CONFIG.yaml [--out DIR] [--jobs N]      (planner/batch.py)
-    plan-checkpoints show plan.json [--out memory.png]             (planner/show.py)
+    plan-checkpoints batch CONFIG.yaml [--out DIR] [--jobs N]      (planner/sweep/batch.py)
+    plan-checkpoints show plan.json [--out memory.png]             (planner/cli/show.py)
     plan-checkpoints --version;  python -m planner ... (the same)
 
 Exit status: 0 on success, 2 for a usage error or a bad model file, budget, plan file, sweep file
@@ -206,14 +206,14 @@ def run_plan(argv: list[str]) -> int:
     # model file's path, the output path (never one of the inputs; its folder writable).
     budget = parse_budget(args.budget)
     from planner.files import check_output
-    from planner.modelfile import check_model_path
+    from planner.cli.modelfile import check_model_path
 
     model_path = check_model_path(args.model)
     check_output(args.out, inputs=[model_path])
     # Absolute now: the model file's code may change the working folder (os.chdir at import).
     out_path = os.path.abspath(args.out)
-    from planner.modelfile import guarded, load_model_file
-    from planner.progress import Progress
+    from planner.cli.modelfile import guarded, load_model_file
+    from planner.cli.progress import Progress
 
     progress = Progress(enabled=not args.quiet)
     # With --json, stdout is the JSON alone: what the model file's code prints goes to stderr.
@@ -226,7 +226,7 @@ def run_plan(argv: list[str]) -> int:
         with guarded(model_path, "in the model's forward or loss_fn"):
             try:
                 if args.max_batch:
-                    from planner.maxbatch import find_max_batch
+                    from planner.cli.maxbatch import find_max_batch
 
                     found = find_max_batch(model_file.model, model_file.example_inputs, budget, solver=args.solver,
                                            max_overhead=args.max_overhead, loss_fn=model_file.loss_fn,
@@ -253,7 +253,7 @@ def _make_plan(args, model_file, budget, progress):
     import profiler
     from planner import api
 
-    from planner.timebound import time_bound
+    from planner.cli.timebound import time_bound
 
     untraceable = None
     bound = f"profiling took longer than --profile-time-limit {args.profile_time_limit:g} s" \
@@ -299,7 +299,7 @@ class _OutOfTime(TimeoutError):
 
 def _out_of_time(error: TimeoutError, args) -> TimeoutError:
     """The solver's own words are about the activations it schedules; say first what the user asked."""
-    from planner.timebound import PhaseTimeout
+    from planner.cli.timebound import PhaseTimeout
 
     if isinstance(error, (_OutOfTime, PhaseTimeout)):
         return error
@@ -329,7 +329,7 @@ def main(argv: list[str] | None = None) -> int:
     with warnings.catch_warnings():
         warnings.showwarning = _one_line_warnings(warnings.showwarning)
         code = _main(argv)
-    batch = sys.modules.get("planner.batch")
+    batch = sys.modules.get("planner.sweep.batch")
     pooled = getattr(batch, "POOL_USED", False)  # --jobs N: the solves ran in worker processes, now ended
     if code == EXIT_INTERRUPTED and argv is None and not pooled:  # the command itself, not a call from Python
         _exit_now(code)
@@ -346,7 +346,7 @@ def _exit_now(code: int) -> None:
             stream.flush()
         except (OSError, ValueError):
             pass
-    modelfile = sys.modules.get("planner.modelfile")
+    modelfile = sys.modules.get("planner.cli.modelfile")
     (modelfile._REAL_EXIT if modelfile is not None else os._exit)(code)
 
 
@@ -375,15 +375,15 @@ _USER_ERRORS = [
     ("planner.budget", "BudgetError", EXIT_USAGE),
     ("planner.api", "SolverError", EXIT_USAGE),
     ("solvers.errors", "SolverUnavailable", EXIT_USAGE),
-    ("planner.modelfile", "ModelFileError", EXIT_USAGE),
+    ("planner.cli.modelfile", "ModelFileError", EXIT_USAGE),
     ("planner.planfile", "PlanFileError", EXIT_USAGE),
     ("planner.files", "WriteError", EXIT_USAGE),
     ("profiler.capture", "CaptureError", EXIT_USAGE),
     ("profiler.inputs", "InputMismatch", EXIT_USAGE),
-    ("planner.batch", "BatchUsageError", EXIT_USAGE),
-    ("planner.maxbatch", "MaxBatchError", EXIT_USAGE),
-    ("planner.show", "ShowUsageError", EXIT_USAGE),
-    ("planner.sweepconfig", "ConfigError", EXIT_USAGE),
+    ("planner.sweep.batch", "BatchUsageError", EXIT_USAGE),
+    ("planner.cli.maxbatch", "MaxBatchError", EXIT_USAGE),
+    ("planner.cli.show", "ShowUsageError", EXIT_USAGE),
+    ("planner.sweep.config", "ConfigError", EXIT_USAGE),
 ]
 
 
@@ -420,11 +420,11 @@ def _main(argv: list[str] | None = None) -> int:
     as_json = "--json" in argv and (not argv or argv[0] not in ("batch", "show"))
     try:
         if argv and argv[0] == "batch":
-            from planner.batch import main as batch_main
+            from planner.sweep.batch import main as batch_main
 
             return batch_main(argv[1:])
         if argv and argv[0] == "show":
-            from planner.show import main as show_main
+            from planner.cli.show import main as show_main
 
             return show_main(argv[1:])
         return run_plan(argv)

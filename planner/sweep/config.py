@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from .budget import Budget, BudgetError, parse_budget
+from ..budget import Budget, BudgetError, parse_budget
 
 TOP_KEYS = {
     "models": "the list of models (required)",
@@ -348,7 +348,7 @@ def _model(reader: _Reader, node: yaml.Node, index: int, folder: str, defaults: 
     if "file" not in keys:
         raise reader.error(node, f"{what} has no 'file' (the model file defining build_model() and example_inputs())")
     file = os.path.normpath(os.path.join(folder, reader.string(keys["file"], "file", hint="a path to a .py file")))
-    from .modelfile import ModelFileError, check_model_path
+    from ..cli.modelfile import ModelFileError, check_model_path
 
     try:
         check_model_path(file)

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from solvers import simulate
 from solvers.schedule import COMPUTE
 
-from .budget import format_bytes
-from .planfile import Plan, load
+from ..budget import format_bytes
+from ..planfile import Plan, load
 from .plots import memory_plot
 
 
@@ -25,7 +25,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _parser() -> argparse.ArgumentParser:
-    from .cli import add_verbosity
+    from .command import add_verbosity
 
     parser = _Parser(prog="plan-checkpoints show", description="Describe a saved plan; optionally plot its memory.")
     parser.add_argument("plan", help="a plan file written by plan-checkpoints")
@@ -66,7 +66,7 @@ def memory_profile(plan: Plan) -> MemoryProfile:
 def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
     if args.out:  # before reading anything: never over the plan file, never a folder or a device
-        from .files import check_output
+        from ..files import check_output
 
         check_output(args.out, inputs=[args.plan])
     plan = load(args.plan)
