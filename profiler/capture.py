@@ -17,7 +17,6 @@ produces them. Which outputs get one is decided by running the planning loss onc
 from __future__ import annotations
 
 import contextlib
-import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,6 +31,8 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from torch.nn.utils.stateless import _reparametrize_module
 
 from .allocations import allocated_while, quiet_native_stderr
+from .blame import our_frame
+from .containers import holds_tensors, register_output_containers
 from .dropout import draw_in_place_masks_like_eager, drop_copies_into_fresh_tensors
 from .fusions import fuse_cross_entropy_backward
 from .inputs import InputLayout, TensorSpec, input_layout
@@ -137,8 +138,6 @@ class JointGraph:
     tensor_output_positions: list[int]
     output_requires_grad: list[bool]
     loss: LossInfo
-    capture_seconds: float = 0.0
-    module_names: dict = field(default_factory=dict)
     autocast: str = ""  # autocast_state() while tracing: the graph contains its casts
     # The cross-entropy backward recomputes the log-probabilities from the logits
     # (profiler/fusions.py: recompute_log_probs); the runtime must rewrite its trace the same way.
@@ -152,73 +151,6 @@ def default_loss(output) -> torch.Tensor:
     if not leaves:
         raise CaptureError("the model's output has no floating-point tensor to take a loss of; pass loss_fn")
     return sum(t.sum() for t in leaves)
-
-
-def register_output_containers() -> None:
-    """Let the tracer see the tensors inside Hugging Face's ``DynamicCache``: with ``use_cache`` on
-    (GPT-2's default config) a causal LM returns its keys and values in one, and a cache flattened
-    as a constant leaf handed the caller the trace's fake tensors. Registered as a pytree node (the
-    flattening transformers itself uses for ``torch.export``), its tensors are model outputs, held by
-    the caller as eager's are; an encoder-decoder's ``EncoderDecoderCache`` likewise. Registering
-    is global and once; nothing happens without transformers, and a cache registered already (by
-    transformers' export support) keeps that registration."""
-    if "transformers" not in sys.modules:
-        return
-    try:
-        from transformers.cache_utils import DynamicCache, EncoderDecoderCache
-        from transformers.integrations import executorch
-    except ImportError:  # another transformers version: its caches stay leaves (_holds_tensors refuses them)
-        return
-    nodes = {
-        DynamicCache: (lambda cache: executorch._flatten_cache_dict(executorch._get_cache_dict(cache),
-                                                                    executorch._get_dynamic_cache_layout(cache)),
-                       _unflatten_dynamic_cache),
-        # An encoder-decoder's (T5, BART, Whisper): its two DynamicCaches, each flattened as above.
-        EncoderDecoderCache: (lambda cache: ([cache.self_attention_cache, cache.cross_attention_cache], None),
-                               lambda caches, _: EncoderDecoderCache(*caches)),
-    }
-    for kind, (flatten, unflatten) in nodes.items():
-        if kind in pytree.SUPPORTED_NODES:
-            continue
-        try:
-            pytree.register_pytree_node(kind, flatten, unflatten,
-                                        serialized_type_name=f"{kind.__module__}.{kind.__name__}")
-        except ValueError as error:  # registered meanwhile
-            if "already registered" not in str(error):
-                raise
-
-
-def _unflatten_dynamic_cache(values, context):
-    """A DynamicCache holding ``values`` themselves. Transformers' own unflattening fills each layer
-    by concatenating to an empty tensor, a copy of the whole cache beside the step's outputs (the
-    planned GPT-2 measured that much, 128 KiB, over its prediction): it is given empty slices of
-    the keys and values instead, and the layers then take the tensors."""
-    from transformers.integrations import executorch
-
-    names, layout = context
-    tensors = pytree._dict_unflatten(values, names)
-    keys, values_ = tensors["key_cache"], tensors["value_cache"]
-    empty = [[t[..., :0, :] for t in group] for group in values]  # the children: lists of tensors
-    cache = executorch._unflatten_dynamic_cache(empty, context)
-    filled = [layer for layer in cache.layers if getattr(layer, "keys", None) is not None]
-    for layer, k, v in zip(filled, keys, values_):
-        layer.keys, layer.values = k, v
-    return cache
-
-
-def _holds_tensors(value, depth: int = 3) -> bool:
-    """Whether a non-tensor output leaf holds tensors (in its attributes, lists, tuples or dicts,
-    ``depth`` levels down)."""
-    if isinstance(value, torch.Tensor):
-        return True
-    if depth == 0 or isinstance(value, (str, bytes, int, float, bool, type(None))):
-        return False
-    if isinstance(value, dict):
-        return any(_holds_tensors(v, depth - 1) for v in value.values())
-    if isinstance(value, (list, tuple, set)):
-        return any(_holds_tensors(v, depth - 1) for v in value)
-    attributes = getattr(value, "__dict__", None)
-    return isinstance(attributes, dict) and any(_holds_tensors(v, depth - 1) for v in attributes.values())
 
 
 def _run_planning_loss(model, args, kwargs, loss_fn, repeats: int = 3) -> tuple[LossInfo, list[torch.Tensor]]:
@@ -323,17 +255,6 @@ def _batch_norm_declaring_its_mutation(input, weight, bias, running_mean, runnin
 _DECOMPOSITIONS = {torch.ops.aten.native_batch_norm.default: _batch_norm_declaring_its_mutation, **RNN_DECOMPOSITIONS}
 
 
-def _replay(graph_module: fx.GraphModule) -> Callable:
-    """Run a traced graph op by op (keeping each op's tags), without recording autograd: the joint
-    graph is already differentiated."""
-
-    def run(*args):
-        with torch.no_grad():
-            return fx.Interpreter(graph_module).run(*args)
-
-    return run
-
-
 class _ModuleTagger:
     """Tags each traced op with the module that issued it (forward) or whose backward it is."""
 
@@ -399,94 +320,203 @@ def capture(
     saved plan) that is known and nothing runs eagerly. ``model.forward`` is traced, not
     ``model(...)``: hooks on the root module are not part of the step, because the planned module
     runs them around its own forward. That keeps wrappers that work through root hooks (FSDP2's
-    all-gather and reshard) out of the graph when a saved plan is traced inside them. Returns the graph and example tangents (the
-    loss's real gradients, or zeros). The model, its buffers and the global RNG are left as they were.
+    all-gather and reshard) out of the graph when a saved plan is traced inside them. Returns the
+    graph and example tangents (the loss's real gradients, or zeros). The model, its buffers and the
+    global RNG are left as they were.
 
     ``fuse_loss=False`` keeps the cross-entropy backward as eager autograd runs it (two ops, both
     logits-sized) instead of profiler/fusions.py's one op: for planning what eager PyTorch executes
     (the native executor).
-    """
-    started = time.perf_counter()
-    register_output_containers()
-    layout = input_layout(args, kwargs)
-    leaves = pytree.tree_leaves((tuple(args), dict(kwargs)))
-    input_tensors = [leaves[i] for i in layout.tensor_positions]
-    params = dict(model.named_parameters())
-    trainable = {n: p for n, p in params.items() if p.requires_grad}
-    frozen = {n: p for n, p in params.items() if not p.requires_grad}
-    buffers = dict(model.named_buffers())
-    devices = cuda_devices([*params.values(), *input_tensors])
 
+    Raises :class:`ModelCallError` when the model or the loss raises eagerly, :class:`TraceError`
+    when the tracer cannot follow the model, and any error raised inside the profiler's own code
+    (profiler/blame.py) as it is.
+    """
+    register_output_containers()
+    state = _StepState.of(model, args, kwargs)
     if loss is None:
-        with preserved_state(model, devices):
+        with preserved_state(model, cuda_devices([*state.trainable.values(), *state.frozen.values(), *state.inputs])):
             loss, tangents = _run_planning_loss(model, args, kwargs, loss_fn or default_loss)
     else:
         tangents = [torch.zeros(s.shape, dtype=s.dtype, device=s.device) for s in loss.tangent_specs]
-    input_grad_indices = [i for i, t in enumerate(input_tensors) if t.requires_grad and t.is_floating_point()]
-    names = (list(trainable), list(frozen), list(buffers))
-    counts = [len(trainable), len(frozen), len(buffers), len(input_tensors), len(tangents)]
-    seen: dict[str, Any] = {}  # what the trace learns about the outputs and gradients
+    step = _JointStep(model, state, loss)
+    functional = _trace(step, [*state.flat(), *tangents])
+    _simplify(functional, fuse_loss)
+    return _joint_graph(functional, step), tangents
 
-    def joint(*flat):
+
+@dataclass(frozen=True)
+class _StepState:
+    """The tensors the step is traced on, in the graph's placeholder order: trainable parameters,
+    frozen parameters, buffers, the inputs' tensors (the tangents follow them)."""
+
+    trainable: dict[str, torch.Tensor]
+    frozen: dict[str, torch.Tensor]
+    buffers: dict[str, torch.Tensor]
+    inputs: list[torch.Tensor]
+    layout: InputLayout
+
+    @classmethod
+    def of(cls, model: torch.nn.Module, args: tuple, kwargs: dict) -> _StepState:
+        layout = input_layout(args, kwargs)
+        leaves = pytree.tree_leaves((tuple(args), dict(kwargs)))
+        params = dict(model.named_parameters())
+        return cls(
+            trainable={n: p for n, p in params.items() if p.requires_grad},
+            frozen={n: p for n, p in params.items() if not p.requires_grad},
+            buffers=dict(model.named_buffers()),
+            inputs=[leaves[i] for i in layout.tensor_positions],
+            layout=layout,
+        )
+
+    @property
+    def input_grad_indices(self) -> list[int]:
+        """The inputs whose gradients the step computes (floating-point tensors requiring grad)."""
+        return [i for i, t in enumerate(self.inputs) if t.requires_grad and t.is_floating_point()]
+
+    def flat(self) -> list[torch.Tensor]:
+        return [*self.trainable.values(), *self.frozen.values(), *self.buffers.values(), *self.inputs]
+
+    def split(self, flat: tuple) -> tuple[list, ...]:
+        """``flat`` (the placeholders' values, tangents last) as trainable, frozen, buffers, inputs, tangents."""
         chunks, offset = [], 0
-        for count in counts:
+        for count in (len(self.trainable), len(self.frozen), len(self.buffers), len(self.inputs)):
             chunks.append(list(flat[offset : offset + count]))
             offset += count
-        p_vals, f_vals, b_vals, in_vals, tangent_vals = chunks
-        state = {**dict(zip(names[0], p_vals)), **dict(zip(names[1], f_vals)), **dict(zip(names[2], b_vals))}
-        call_args, call_kwargs = layout.unflatten(in_vals)
-        with _reparametrize_module(model, state, tie_weights=True):
-            output = model.forward(*call_args, **call_kwargs)
-        out_leaves, seen["spec"] = pytree.tree_flatten(output)
-        seen["positions"] = [i for i, leaf in enumerate(out_leaves) if isinstance(leaf, torch.Tensor)]
-        seen["constants"] = {i: leaf for i, leaf in enumerate(out_leaves) if not isinstance(leaf, torch.Tensor)}
-        for leaf in seen["constants"].values():
-            if _holds_tensors(leaf):  # returned as traced, it would hand the caller fake tensors
+        return (*chunks, list(flat[offset:]))
+
+    def roles(self, tangent_outputs: tuple[int, ...]) -> list[tuple[str, Any]]:
+        """(role, key) of each placeholder, in order."""
+        return (
+            [(PARAM, n) for n in self.trainable]
+            + [(FROZEN, n) for n in self.frozen]
+            + [(BUFFER, n) for n in self.buffers]
+            + [(INPUT, i) for i in range(len(self.inputs))]
+            + [(TANGENT, i) for i in tangent_outputs]
+        )
+
+
+@dataclass
+class _Learnt:
+    """What tracing the step learns about the model's outputs and gradients."""
+
+    spec: pytree.TreeSpec | None = None
+    positions: list[int] = field(default_factory=list)  # leaf positions of the tensor outputs
+    constants: dict[int, Any] = field(default_factory=dict)  # the other leaves, by position
+    requires_grad: list[bool] = field(default_factory=list)  # of each tensor output
+    present: list[bool] = field(default_factory=list)  # of each gradient target: a gradient is returned
+
+
+class _JointStep:
+    """The training step as one function of flat tensors, for ``make_fx``: the model's forward on
+    the parameters, buffers and inputs given, then ``autograd.grad`` of the differentiated outputs
+    with the tangents given. Returns the tensor outputs, then the gradients that exist."""
+
+    def __init__(self, model: torch.nn.Module, state: _StepState, loss: LossInfo):
+        self.model, self.state, self.loss = model, state, loss
+        self.tagger = _ModuleTagger(model)
+        self.learnt = _Learnt()
+
+    def __call__(self, *flat):
+        params, frozen, buffers, inputs, tangents = self.state.split(flat)
+        names = (*self.state.trainable, *self.state.frozen, *self.state.buffers)
+        call_args, call_kwargs = self.state.layout.unflatten(inputs)
+        with _reparametrize_module(self.model, dict(zip(names, params + frozen + buffers)), tie_weights=True):
+            output = self.model.forward(*call_args, **call_kwargs)
+        outputs = self._tensor_outputs(output)
+        differentiated = [outputs[i] for i in _checked_tangent_outputs(self.loss, len(outputs))]
+        self.tagger.tag_backward([t.grad_fn for t in differentiated])
+        targets = params + [inputs[i] for i in self.state.input_grad_indices]
+        grads = torch.autograd.grad(differentiated, targets, grad_outputs=tangents, allow_unused=True)
+        self.learnt.present = [g is not None for g in grads]
+        return (*outputs, *[g for g in grads if g is not None])
+
+    def _tensor_outputs(self, output) -> list[torch.Tensor]:
+        """The output's tensor leaves; its structure and other leaves go to ``learnt``."""
+        leaves, self.learnt.spec = pytree.tree_flatten(output)
+        self.learnt.positions = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]
+        self.learnt.constants = {i: leaf for i, leaf in enumerate(leaves) if not isinstance(leaf, torch.Tensor)}
+        for leaf in self.learnt.constants.values():
+            if holds_tensors(leaf):  # returned as traced, it would hand the caller fake tensors
                 raise TraceError(
                     f"the model's output holds tensors inside a {type(leaf).__name__}, which the tracer cannot "
                     "see into (register it with torch.utils._pytree)",
                     reason=f"tensors inside a {type(leaf).__name__} output",
                 )
-        out_tensors = [out_leaves[i] for i in seen["positions"]]
-        seen["requires_grad"] = [t.requires_grad for t in out_tensors]
-        unknown = [i for i in loss.tangent_outputs if i >= len(out_tensors)]
-        if unknown:  # a saved plan's loss, for a model with fewer outputs: not a tracing failure
-            raise LossMismatch(
-                f"the plan's loss differentiates model output #{unknown[0]}, but this model returns "
-                f"{len(out_tensors)} tensor output(s): the plan was made for another model or loss; make a new plan")
-        differentiated = [out_tensors[i] for i in loss.tangent_outputs]
-        tagger.tag_backward([t.grad_fn for t in differentiated])
-        targets = list(p_vals) + [in_vals[i] for i in input_grad_indices]
-        grads = torch.autograd.grad(differentiated, targets, grad_outputs=tangent_vals, allow_unused=True)
-        seen["present"] = [g is not None for g in grads]
-        return (*out_tensors, *[g for g in grads if g is not None])
+        outputs = [leaves[i] for i in self.learnt.positions]
+        self.learnt.requires_grad = [t.requires_grad for t in outputs]
+        return outputs
 
-    flat_inputs = [*trainable.values(), *frozen.values(), *buffers.values(), *input_tensors, *tangents]
+
+def _checked_tangent_outputs(loss: LossInfo, outputs: int) -> tuple[int, ...]:
+    """The outputs ``loss`` differentiates, checked against the number of tensor outputs: a saved
+    plan's loss, for a model with fewer outputs, is a :class:`LossMismatch`, not a tracing failure."""
+    unknown = [i for i in loss.tangent_outputs if i >= outputs]
+    if unknown:
+        raise LossMismatch(
+            f"the plan's loss differentiates model output #{unknown[0]}, but this model returns "
+            f"{outputs} tensor output(s): the plan was made for another model or loss; make a new plan")
+    return loss.tangent_outputs
+
+
+def _replay(graph_module: fx.GraphModule) -> Callable:
+    """Run a traced graph op by op (keeping each op's tags), without recording autograd: the joint
+    graph is already differentiated."""
+
+    def run(*args):
+        with torch.no_grad():
+            return fx.Interpreter(graph_module).run(*args)
+
+    return run
+
+
+# Our functions that only hand the model to the tracer (profiler/blame.py): what raises below them
+# in torch is the tracer's failure, not theirs.
+_DRIVERS = frozenset({"_trace", "_JointStep.__call__", "_replay.<locals>.run"})
+
+
+def _trace(step: _JointStep, flat_inputs: list[torch.Tensor]) -> fx.GraphModule:
+    """The step traced twice with fake tensors: as it runs (decompositions applied, ops tagged with
+    their module and phase), then functionalized. A failure of the model or the tracer is a
+    :class:`TraceError`; one raised by our own code is raised as it is, with a note saying where."""
     try:
         # Fake tensors' cache off: a cached call made outputs unlike a first call's (the storage of a
         # copy into a slice, 376 bytes or 384; one tensor or two for oneDNN LSTM's bias gradients),
         # so the same model traced to graphs with other sizes, and the runtime's trace refused the
         # plan made on the profiler's (different fingerprints).
-        with fx_traceback.preserve_node_meta(), _ModuleTagger(model) as tagger, masks_applied_as_given(), \
+        with fx_traceback.preserve_node_meta(), step.tagger, masks_applied_as_given(), \
                 torch._dynamo.config.patch(fake_tensor_cache_enabled=False):
-            traced = make_fx(joint, tracing_mode="fake", decomposition_table=_DECOMPOSITIONS)(*flat_inputs)
+            traced = make_fx(step, tracing_mode="fake", decomposition_table=_DECOMPOSITIONS)(*flat_inputs)
             draw_in_place_masks_like_eager(traced)  # before functionalization rewrites bernoulli_
             with autocast_disabled():  # the first trace recorded autocast's casts; replay them as they are
-                functional = make_fx(
-                    torch.func.functionalize(_replay(traced), remove="mutations"), tracing_mode="fake"
-                )(*flat_inputs)
+                return make_fx(torch.func.functionalize(_replay(traced), remove="mutations"),
+                               tracing_mode="fake")(*flat_inputs)
     except CaptureError:
         raise
-    except Exception as error:  # the tracer's own messages are long; keep the first line
-        reason = _first_line(error)
-        reason = reason if len(reason) <= 160 else reason[:157] + "..."
-        raise TraceError(
-            f"could not trace the model's training step ({reason}). "
-            "The model's forward must be traceable by torch.fx.experimental.proxy_tensor.make_fx "
-            "(no data-dependent Python control flow on tensor values).",
-            reason=reason,
-        ) from error
-    # The profiler measures, and the runtime runs, the rewritten graph: both capture through here.
+    except Exception as error:
+        where = our_frame(error, _DRIVERS)
+        if where is not None:
+            error.add_note(f"plan-checkpoints: raised in its own code ({where}) while tracing the model, "
+                           "not by the model: a bug of plan-checkpoints")
+            raise
+        raise _trace_error(error) from error
+
+
+def _trace_error(error: Exception) -> TraceError:
+    """The tracer's failure, in one short line (its own messages are long)."""
+    reason = _first_line(error)
+    reason = reason if len(reason) <= 160 else reason[:157] + "..."
+    return TraceError(
+        f"could not trace the model's training step ({reason}). "
+        "The model's forward must be traceable by torch.fx.experimental.proxy_tensor.make_fx "
+        "(no data-dependent Python control flow on tensor values).",
+        reason=reason,
+    )
+
+
+def _simplify(functional: fx.GraphModule, fuse_loss: bool) -> None:
+    """The rewrites after tracing, in place. The profiler measures, and the runtime runs, the
+    rewritten graph: both capture through here."""
     if fuse_loss:
         fuse_cross_entropy_backward(functional)
     # Values nothing reads are computed by the eager step but need not be by ours: an nn.LSTM
@@ -498,50 +528,59 @@ def capture(
     drop_copies_into_fresh_tensors(functional)
     functional.graph.eliminate_dead_code()
     functional.recompile()
-    tensor_positions = seen["positions"]
-    grad_targets_present = seen["present"]
 
-    roles = (
-        [(PARAM, n) for n in names[0]]
-        + [(FROZEN, n) for n in names[1]]
-        + [(BUFFER, n) for n in names[2]]
-        + [(INPUT, i) for i in range(len(input_tensors))]
-        + [(TANGENT, i) for i in loss.tangent_outputs]
-    )
-    placeholder_nodes = [n for n in functional.graph.nodes if n.op == "placeholder"]
-    placeholders = [Placeholder(role, key, node.name) for (role, key), node in zip(roles, placeholder_nodes)]
-    output_node = next(n for n in functional.graph.nodes if n.op == "output")
+
+def is_buffer_mutation(node: fx.Node) -> bool:
+    """Whether ``node`` writes the new value of a buffer (or input) the step mutates:
+    functionalization leaves each mutation as a ``copy_`` into its placeholder."""
+    return node.op == "call_function" and node.target is torch.ops.aten.copy_.default and node.args[0].op == "placeholder"
+
+
+def _joint_graph(functional: fx.GraphModule, step: _JointStep) -> JointGraph:
+    """Name what the traced graph's placeholders and outputs are (and detach its buffer mutations)."""
+    graph, learnt = functional.graph, step.learnt
+    roles = step.state.roles(step.loss.tangent_outputs)
+    placeholder_nodes = [n for n in graph.nodes if n.op == "placeholder"]
+    output_node = next(n for n in graph.nodes if n.op == "output")
     returned = [a.name if isinstance(a, fx.Node) else None for a in pytree.tree_leaves(output_node.args[0])]
-    n_out = len(tensor_positions)
-    model_outputs = returned[:n_out]
-    grad_values = iter(returned[n_out:])
-    grad_target_names = [("param", n) for n in names[0]] + [("input", i) for i in input_grad_indices]
-    grad_params, grad_inputs = [], []
-    for (kind, key), present in zip(grad_target_names, grad_targets_present):
-        if present:
-            value = next(grad_values)
-            (grad_params if kind == "param" else grad_inputs).append((key, value))
-    mutations = []
-    for node in functional.graph.nodes:
-        if node.op == "call_function" and node.target is torch.ops.aten.copy_.default and node.args[0].op == "placeholder":
-            mutations.append((node.args[0].name, node.args[1].name))
-            # Readers of the mutated buffer read the buffer itself: the runtime applies the mutation
-            # once, at the end of the forward pass, never by re-running this node.
-            node.replace_all_uses_with(node.args[0], propagate_meta=False)
-    joint = JointGraph(
+    outputs = len(learnt.positions)
+    grad_params, grad_inputs = _gradients(returned[outputs:], step)
+    return JointGraph(
         graph_module=functional,
-        placeholders=placeholders,
-        model_outputs=model_outputs,
+        placeholders=[Placeholder(role, key, node.name) for (role, key), node in zip(roles, placeholder_nodes)],
+        model_outputs=returned[:outputs],
         grad_params=grad_params,
         grad_inputs=grad_inputs,
-        mutations=mutations,
-        layout=layout,
-        output_spec=seen["spec"],
-        output_constants=seen["constants"],
-        tensor_output_positions=tensor_positions,
-        output_requires_grad=seen["requires_grad"],
-        loss=loss,
-        capture_seconds=time.perf_counter() - started,
+        mutations=_detach_mutations(graph),
+        layout=step.state.layout,
+        output_spec=learnt.spec,
+        output_constants=learnt.constants,
+        tensor_output_positions=learnt.positions,
+        output_requires_grad=learnt.requires_grad,
+        loss=step.loss,
         autocast=autocast_state(),
     )
-    return joint, tangents
+
+
+def _gradients(returned: list[str], step: _JointStep) -> tuple[list[tuple[str, str]], list[tuple[int, str]]]:
+    """The returned gradients (fx names, in order) as ``(parameter name, name)`` and ``(input index,
+    name)``: gradient targets that got none (unused) return nothing."""
+    targets = [(PARAM, n) for n in step.state.trainable] + [(INPUT, i) for i in step.state.input_grad_indices]
+    values = iter(returned)
+    grad_params, grad_inputs = [], []
+    for (role, key), present in zip(targets, step.learnt.present):
+        if present:
+            (grad_params if role == PARAM else grad_inputs).append((key, next(values)))
+    return grad_params, grad_inputs
+
+
+def _detach_mutations(graph: fx.Graph) -> list[tuple[str, str]]:
+    """The step's buffer mutations as (placeholder name, fx name of the new value). Readers of a
+    mutated buffer are made to read the buffer itself: the runtime applies the mutation once, at the
+    end of the forward pass, never by re-running its ``copy_``."""
+    mutations = []
+    for node in graph.nodes:
+        if is_buffer_mutation(node):
+            mutations.append((node.args[0].name, node.args[1].name))
+            node.replace_all_uses_with(node.args[0], propagate_meta=False)
+    return mutations
