@@ -27,11 +27,14 @@ import torch
 import torch.fx as fx
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from .capture import JointGraph, TANGENT
+from .capture import TANGENT, JointGraph, is_buffer_mutation
 from .measure import storage_bytes
 
 # Classes of exported values; a group or extraction node holds values of one class.
 NORMAL, MODEL_OUTPUT, GRADIENT, MUTATION = "normal", "model_output", "gradient", "mutation"
+# The special classes, first the one a value of several classes (a model output that is also a
+# buffer's new value) lives in.
+SPECIAL_CLASSES = (MODEL_OUTPUT, GRADIENT, MUTATION)
 # A forward group's values that the backward reads, held apart from those only the forward reads
 # (batch norm's mean and inverse std, not its output; a dropout's noise, not its output).
 SAVED = "saved"
@@ -184,7 +187,8 @@ def analyse(graph: fx.Graph) -> _Analysis:
 
 
 def _special_values(joint: JointGraph, base_of: dict[str, str]) -> dict[str, str]:
-    """Base value name -> the special class it has to live in."""
+    """Base value name -> the special class it has to live in (the first that applies of
+    :data:`SPECIAL_CLASSES`)."""
     special: dict[str, str] = {}
     for name in joint.model_outputs:
         if name is not None:
@@ -197,79 +201,107 @@ def _special_values(joint: JointGraph, base_of: dict[str, str]) -> dict[str, str
 
 
 def group_graph(joint: JointGraph, depth: int | None) -> Grouping:
-    """Group the joint graph's units (module levels cut at ``depth``; None: one group per unit)."""
+    """Group the joint graph's units (module levels cut at ``depth``; None: one group per unit).
+
+    Four passes: runs of units with the same key (:func:`_runs`), their names (:func:`_named_groups`),
+    what each group runs and reads (:func:`_read_and_run`), and what it hands to others, special
+    classes and saved values held apart by extraction nodes (:func:`_exports_and_extractions`)."""
     graph = joint.graph_module.graph
     nodes = {node.name: node for node in graph.nodes}
     analysis = analyse(graph)
-    base_of, unit_of = analysis.base_of, analysis.unit_of
+    special = _special_values(joint, analysis.base_of)
+    # The runtime applies the copies of new values into mutated buffers once per step; no group runs them.
+    copies = {node.name for node in graph.nodes if is_buffer_mutation(node)}
+    groups = _named_groups(_runs(nodes, analysis, special, depth, skipped=copies), nodes)
+    value_owner = {
+        value: group.id for group in groups for unit in group.units for value in _unit_values(unit, nodes, analysis.unit_of)
+    }
+    readers: dict[str, set[str]] = {name: {_CALLER} for name in special}
+    for group in groups:
+        _read_and_run(group, graph, nodes, analysis, value_owner, readers)
+    extractions, backward_holder = _exports_and_extractions(groups, nodes, analysis.unit_of, special, readers)
     tangents = {p.name for p in joint.placeholders if p.role == TANGENT}
     fixed = {p.name for p in joint.placeholders if p.role != TANGENT}
-    mutation_nodes = {
-        n.name for n in graph.nodes
-        if n.op == "call_function" and n.target is torch.ops.aten.copy_.default and n.args[0].op == "placeholder"
-    }
-    special = _special_values(joint, base_of)
-    priority = (MODEL_OUTPUT, GRADIENT, MUTATION)
+    return Grouping(groups, extractions, value_owner, analysis.base_of, fixed, tangents, depth, backward_holder)
 
-    def pure_special_class(unit: str) -> str | None:
-        """The class of a unit all of whose values are special (None otherwise)."""
-        values = _unit_values(unit, nodes, unit_of)
-        if not all(v in special for v in values):
-            return None
-        classes = {special[v] for v in values}
-        return next(c for c in priority if c in classes)
 
-    # 1. Runs of units with the same key; units that make only special values form runs of their own.
+# The reader of the special values outside the graph: the caller (model outputs), the optimizer
+# (gradients), the runtime (new buffer values). Any reader makes a value an export.
+_CALLER = "<out>"
+
+
+def _pure_special_class(values: list[str], special: dict[str, str]) -> str | None:
+    """The class of a unit all of whose ``values`` are special, the first of :data:`SPECIAL_CLASSES`
+    among theirs; None when any of them is ordinary."""
+    if not all(v in special for v in values):
+        return None
+    classes = {special[v] for v in values}
+    return next(c for c in SPECIAL_CLASSES if c in classes)
+
+
+def _runs(nodes: dict[str, fx.Node], analysis: _Analysis, special: dict[str, str], depth: int | None,
+          skipped: set[str]) -> list[tuple[tuple, list[str]]]:
+    """Pass 1: contiguous runs, in trace order, of units with the same key: phase, module cut at
+    ``depth``, and the special class of units that make only special values (so that those form
+    runs of their own); with ``depth`` None, every unit its own run."""
     runs: list[tuple[tuple, list[str]]] = []
     for index, unit in enumerate(analysis.units):
-        if unit in mutation_nodes:
+        if unit in skipped:
             continue
         phase, module = _module_key(nodes[unit], depth)
-        key = (phase, module, pure_special_class(unit) or NORMAL, index if depth is None else None)
+        value_class = _pure_special_class(_unit_values(unit, nodes, analysis.unit_of), special) or NORMAL
+        key = (phase, module, value_class, index if depth is None else None)
         if runs and runs[-1][0] == key:
             runs[-1][1].append(unit)
         else:
             runs.append((key, [unit]))
+    return runs
 
-    # 2. Name the groups phase:module#k, k counting earlier groups of the same phase and module.
+
+def _named_groups(runs: list[tuple[tuple, list[str]]], nodes: dict[str, fx.Node]) -> list[Group]:
+    """Pass 2: a group per run, named ``fw:<module>#k`` or ``bw:<module>#k``, ``k`` counting the
+    earlier groups of the same phase and module (``<root>`` for the model's own ops)."""
     groups: list[Group] = []
     seen: dict[tuple[str, str], int] = {}
-    value_owner: dict[str, str] = {}
     for (phase, module, _, _), units in runs:
         k = seen.get((phase, module), 0)
         seen[(phase, module)] = k + 1
         prefix = "fw" if phase == "forward" else "bw"
-        group = Group(id=f"{prefix}:{module or '<root>'}#{k}", phase=phase, module=module, units=units)
-        group.random = any(is_random(nodes[u]) for u in units)
-        groups.append(group)
-        for unit in units:
-            for value in _unit_values(unit, nodes, unit_of):
-                value_owner[value] = group.id
+        groups.append(Group(id=f"{prefix}:{module or '<root>'}#{k}", phase=phase, module=module, units=units,
+                            random=any(is_random(nodes[u]) for u in units)))
+    return groups
 
-    # 3. What each group reads (bases made elsewhere) and runs (its units + the aliases they read).
-    readers: dict[str, set[str]] = {name: {"<out>"} for name in special}
-    for group in groups:
-        members: set[str] = set()
-        inputs: list[str] = []
-        for unit in group.units:
-            members.add(unit)
-            members.update(u.name for u in nodes[unit].users if unit_of.get(u.name) == unit)
-            for arg in nodes[unit].all_input_nodes:
-                members.update(_alias_chain(arg, base_of, unit_of))
-                base = base_of[arg.name]
-                if nodes[base].op == "get_attr":  # a constant: copied into the group's code
-                    members.add(base)
-                    continue
-                if value_owner.get(base) != group.id and base not in inputs:
-                    inputs.append(base)
-                readers.setdefault(base, set()).add(group.id)
-        group.nodes = [n.name for n in graph.nodes if n.name in members]
-        group.inputs = inputs
 
-    # 4. Exports; a group whose exports mix classes keeps the ordinary ones and hands each special
-    # class to an extraction node, so that holding a gradient does not hold an activation; a
-    # forward group also hands the values only its backward reads to a SAVED extraction when the
-    # rest are at least as large (_saved_apart).
+def _read_and_run(group: Group, graph: fx.Graph, nodes: dict[str, fx.Node], analysis: _Analysis,
+                  value_owner: dict[str, str], readers: dict[str, set[str]]) -> None:
+    """Pass 3, one group: set what it runs (``nodes``: its units, their getitems, the aliases they
+    read and the constants they read, in trace order) and what it reads from outside (``inputs``:
+    bases made elsewhere, placeholders included), and record it in ``readers`` (base -> group ids)."""
+    base_of, unit_of = analysis.base_of, analysis.unit_of
+    members: set[str] = set()
+    inputs: list[str] = []
+    for unit in group.units:
+        members.add(unit)
+        members.update(u.name for u in nodes[unit].users if unit_of.get(u.name) == unit)
+        for arg in nodes[unit].all_input_nodes:
+            members.update(_alias_chain(arg, base_of, unit_of))
+            base = base_of[arg.name]
+            if nodes[base].op == "get_attr":  # a constant: copied into the group's code
+                members.add(base)
+                continue
+            if value_owner.get(base) != group.id and base not in inputs:
+                inputs.append(base)
+            readers.setdefault(base, set()).add(group.id)
+    group.nodes = [n.name for n in graph.nodes if n.name in members]
+    group.inputs = inputs
+
+
+def _exports_and_extractions(groups: list[Group], nodes: dict[str, fx.Node], unit_of: dict[str, str],
+                             special: dict[str, str], readers: dict[str, set[str]]
+                             ) -> tuple[list[Extraction], dict[str, str]]:
+    """Pass 4: each group's ``exports`` (its values another group or the caller reads) and
+    ``value_class``, the extraction nodes that hold some of them apart (:func:`_held_apart`), and
+    which extraction the backward reads each held-apart forward value from."""
     extractions: list[Extraction] = []
     backward_holder: dict[str, str] = {}
     phase_of = {group.id: group.phase for group in groups}
@@ -280,29 +312,35 @@ def group_graph(joint: JointGraph, depth: int | None) -> Grouping:
             for value in _unit_values(unit, nodes, unit_of)
             if readers.get(value, set()) - {group.id}
         ]
-        classes = {special.get(v, NORMAL) for v in group.exports}
-        held_apart: list[Extraction] = []
-        if len(classes) <= 1:
-            group.value_class = classes.pop() if classes else NORMAL
-        else:
-            for cls in priority:
-                values = [v for v in group.exports if special.get(v) == cls]
-                if values:
-                    held_apart.append(Extraction(id=f"{group.id}/{cls}", source=group.id, values=values, value_class=cls))
+        group.value_class, apart = _split_classes(group.exports, special)
+        held_apart = [Extraction(f"{group.id}/{cls}", group.id, values, cls) for cls, values in apart.items()]
         if group.phase == "forward" and group.value_class == NORMAL:
-            saved = _saved_apart(group, [v for v in group.exports if v not in special], readers, phase_of, nodes)
+            ordinary = [v for v in group.exports if v not in special]
+            saved = _saved_apart(ordinary, readers, phase_of, nodes)
             if saved:
-                held_apart.append(Extraction(id=f"{group.id}/{SAVED}", source=group.id, values=saved, value_class=SAVED))
+                held_apart.append(Extraction(f"{group.id}/{SAVED}", group.id, saved, SAVED))
             # The backward reads what a forward group holds apart from the extraction, so that the
             # group itself can be freed once the forward is done with it (batch norm's backward
             # reads the new running statistics: through the group they kept its output alive).
             for extraction in held_apart:
                 backward_holder.update((value, extraction.id) for value in extraction.values)
         extractions.extend(held_apart)
-    return Grouping(groups, extractions, value_owner, base_of, fixed, tangents, depth, backward_holder)
+    return extractions, backward_holder
 
 
-def _saved_apart(group: Group, ordinary: list[str], readers: dict[str, set[str]], phase_of: dict[str, str],
+def _split_classes(exports: list[str], special: dict[str, str]) -> tuple[str, dict[str, list[str]]]:
+    """The class of a group with these ``exports``, and the special values it hands to extraction
+    nodes, by class: a group whose exports are of one class is of that class and hands nothing on;
+    one whose exports mix classes is ``normal`` and hands each special class to an extraction, so
+    that holding a gradient does not hold an activation."""
+    classes = {special.get(v, NORMAL) for v in exports}
+    if len(classes) <= 1:
+        return (classes.pop() if classes else NORMAL), {}
+    apart = {cls: [v for v in exports if special.get(v) == cls] for cls in SPECIAL_CLASSES}
+    return NORMAL, {cls: values for cls, values in apart.items() if values}
+
+
+def _saved_apart(ordinary: list[str], readers: dict[str, set[str]], phase_of: dict[str, str],
                  nodes: dict) -> list[str]:
     """The exports of a forward group to hold apart for the backward, or none.
 
