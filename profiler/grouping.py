@@ -141,49 +141,71 @@ class _Analysis:
 
 def analyse(graph: fx.Graph) -> _Analysis:
     """Find units (allocating ops) and, for every value, its base (the unit value or placeholder
-    that owns its storage)."""
-    storage_owner: dict = {}  # storage -> fx name of the value that first held it
-    base_of: dict[str, str] = {}
-    unit_of: dict[str, str] = {}
-    units: list[str] = []
-    storages: dict[str, list] = {}
+    that owns its storage), walking the graph in trace order."""
+    walk = _AliasWalk(_Analysis({}, {}, [], {}))
     for node in graph.nodes:
         if node.op in ("placeholder", "get_attr"):  # inputs and constants: always resident
-            tensors = _tensors(node.meta.get("val"))
-            storages[node.name] = [_storage(t) for t in tensors]
-            for s in storages[node.name]:
-                storage_owner.setdefault(s, node.name)
-            base_of[node.name] = node.name
+            walk.resident(node)
         elif node.op == "call_function":
-            tensors = _tensors(node.meta.get("val"))
-            storages[node.name] = [_storage(t) for t in tensors]
-            if node.target is operator.getitem:
-                parent = node.args[0]
-                if parent.name in unit_of:  # unpacking an allocating op: part of its unit
-                    unit_of[node.name] = unit_of[parent.name]
-                    base_of[node.name] = node.name
-                    for s in storages[node.name]:
-                        if storage_owner.get(s) == parent.name:
-                            storage_owner[s] = node.name  # the getitem, not the tuple, is the base
-                else:  # unpacking an aliasing op (split): an alias of the same base
-                    base_of[node.name] = base_of[parent.name]
-                continue
-            new = [s for s in storages[node.name] if s not in storage_owner]
-            if tensors and not new:
-                # Every output aliases something that exists: a view-like op. Its base is that of the
-                # input it views (not merely the first value with that storage: the same tensor may
-                # be passed in twice, as input_ids and labels).
-                first = storages[node.name][0]
-                viewed = next((a for a in node.all_input_nodes if first in storages.get(a.name, ())), None)
-                owner = viewed.name if viewed is not None else storage_owner[first]
-                base_of[node.name] = base_of.get(owner, owner)
-                continue
-            units.append(node.name)
-            unit_of[node.name] = node.name
-            base_of[node.name] = node.name
-            for s in new:
-                storage_owner[s] = node.name
-    return _Analysis(base_of, unit_of, units, storages)
+            walk.call(node)
+    return walk.analysis
+
+
+@dataclass
+class _AliasWalk:
+    """:func:`analyse`'s state: the analysis so far, and which value first held each storage."""
+
+    analysis: _Analysis
+    storage_owner: dict = field(default_factory=dict)  # storage -> fx name of the value that first held it
+
+    def _record_storages(self, node: fx.Node) -> list:
+        storages = self.analysis.storages[node.name] = [_storage(t) for t in _tensors(node.meta.get("val"))]
+        return storages
+
+    def resident(self, node: fx.Node) -> None:
+        """A placeholder or constant: the base of its own storages (unless an earlier one holds them)."""
+        for s in self._record_storages(node):
+            self.storage_owner.setdefault(s, node.name)
+        self.analysis.base_of[node.name] = node.name
+
+    def call(self, node: fx.Node) -> None:
+        """An op: a getitem, a view of existing storages, or a unit (it allocates, or makes no tensor)."""
+        storages = self._record_storages(node)
+        if node.target is operator.getitem:
+            self._unpack(node)
+            return
+        new = [s for s in storages if s not in self.storage_owner]
+        if storages and not new:
+            self._view(node)
+            return
+        self.analysis.units.append(node.name)
+        self.analysis.unit_of[node.name] = node.name
+        self.analysis.base_of[node.name] = node.name
+        for s in new:
+            self.storage_owner[s] = node.name
+
+    def _unpack(self, node: fx.Node) -> None:
+        base_of, unit_of = self.analysis.base_of, self.analysis.unit_of
+        parent = node.args[0]
+        if parent.name not in unit_of:  # unpacking an aliasing op (split): an alias of the same base
+            base_of[node.name] = base_of[parent.name]
+            return
+        # Unpacking an allocating op: part of its unit, and the base of its storages (not the tuple).
+        unit_of[node.name] = unit_of[parent.name]
+        base_of[node.name] = node.name
+        for s in self.analysis.storages[node.name]:
+            if self.storage_owner.get(s) == parent.name:
+                self.storage_owner[s] = node.name
+
+    def _view(self, node: fx.Node) -> None:
+        """Every output aliases something that exists: a view-like op. Its base is that of the input
+        it views (not merely the first value with that storage: the same tensor may be passed in
+        twice, as input_ids and labels)."""
+        storages = self.analysis.storages
+        first = storages[node.name][0]
+        viewed = next((a for a in node.all_input_nodes if first in storages.get(a.name, ())), None)
+        owner = viewed.name if viewed is not None else self.storage_owner[first]
+        self.analysis.base_of[node.name] = self.analysis.base_of.get(owner, owner)
 
 
 def _special_values(joint: JointGraph, base_of: dict[str, str]) -> dict[str, str]:
@@ -213,15 +235,13 @@ def group_graph(joint: JointGraph, depth: int | None) -> Grouping:
     # The runtime applies the copies of new values into mutated buffers once per step; no group runs them.
     copies = {node.name for node in graph.nodes if is_buffer_mutation(node)}
     groups = _named_groups(_runs(nodes, analysis, special, depth, skipped=copies), nodes)
-    value_owner = {
-        value: group.id for group in groups for unit in group.units for value in _unit_values(unit, nodes, analysis.unit_of)
-    }
+    value_owner = _value_owners(groups, nodes, analysis.unit_of)
     readers: dict[str, set[str]] = {name: {_CALLER} for name in special}
     for group in groups:
         _read_and_run(group, graph, nodes, analysis, value_owner, readers)
     extractions, backward_holder = _exports_and_extractions(groups, nodes, analysis.unit_of, special, readers)
     tangents = {p.name for p in joint.placeholders if p.role == TANGENT}
-    fixed = {p.name for p in joint.placeholders if p.role != TANGENT}
+    fixed = {p.name for p in joint.placeholders} - tangents
     return Grouping(groups, extractions, value_owner, analysis.base_of, fixed, tangents, depth, backward_holder)
 
 
@@ -272,6 +292,11 @@ def _named_groups(runs: list[tuple[tuple, list[str]]], nodes: dict[str, fx.Node]
     return groups
 
 
+def _value_owners(groups: list[Group], nodes: dict[str, fx.Node], unit_of: dict[str, str]) -> dict[str, str]:
+    """fx name of each value the groups' units make -> the id of its group."""
+    return {value: group.id for group in groups for unit in group.units for value in _unit_values(unit, nodes, unit_of)}
+
+
 def _read_and_run(group: Group, graph: fx.Graph, nodes: dict[str, fx.Node], analysis: _Analysis,
                   value_owner: dict[str, str], readers: dict[str, set[str]]) -> None:
     """Pass 3, one group: set what it runs (``nodes``: its units, their getitems, the aliases they
@@ -306,26 +331,36 @@ def _exports_and_extractions(groups: list[Group], nodes: dict[str, fx.Node], uni
     backward_holder: dict[str, str] = {}
     phase_of = {group.id: group.phase for group in groups}
     for group in groups:
-        group.exports = [
-            value
-            for unit in group.units
-            for value in _unit_values(unit, nodes, unit_of)
-            if readers.get(value, set()) - {group.id}
-        ]
-        group.value_class, apart = _split_classes(group.exports, special)
-        held_apart = [Extraction(f"{group.id}/{cls}", group.id, values, cls) for cls, values in apart.items()]
+        group.exports = _exports(group, nodes, unit_of, readers)
+        held_apart = _held_apart(group, special, readers, phase_of, nodes)
         if group.phase == "forward" and group.value_class == NORMAL:
-            ordinary = [v for v in group.exports if v not in special]
-            saved = _saved_apart(ordinary, readers, phase_of, nodes)
-            if saved:
-                held_apart.append(Extraction(f"{group.id}/{SAVED}", group.id, saved, SAVED))
             # The backward reads what a forward group holds apart from the extraction, so that the
             # group itself can be freed once the forward is done with it (batch norm's backward
             # reads the new running statistics: through the group they kept its output alive).
-            for extraction in held_apart:
-                backward_holder.update((value, extraction.id) for value in extraction.values)
+            backward_holder.update((value, e.id) for e in held_apart for value in e.values)
         extractions.extend(held_apart)
     return extractions, backward_holder
+
+
+def _exports(group: Group, nodes: dict[str, fx.Node], unit_of: dict[str, str], readers: dict[str, set[str]]
+             ) -> list[str]:
+    """The values of ``group`` that another group or the caller reads, in trace order."""
+    values = [value for unit in group.units for value in _unit_values(unit, nodes, unit_of)]
+    return [value for value in values if readers.get(value, set()) - {group.id}]
+
+
+def _held_apart(group: Group, special: dict[str, str], readers: dict[str, set[str]], phase_of: dict[str, str],
+                nodes: dict[str, fx.Node]) -> list[Extraction]:
+    """Set ``group.value_class`` from its exports; return the extraction nodes that hold some of
+    them apart: one per special class when they mix classes (:func:`_split_classes`), and for an
+    ordinary forward group the values only its backward reads (:func:`_saved_apart`)."""
+    group.value_class, apart = _split_classes(group.exports, special)
+    held = [Extraction(f"{group.id}/{cls}", group.id, values, cls) for cls, values in apart.items()]
+    if group.phase == "forward" and group.value_class == NORMAL:
+        saved = _saved_apart([v for v in group.exports if v not in special], readers, phase_of, nodes)
+        if saved:
+            held.append(Extraction(f"{group.id}/{SAVED}", group.id, saved, SAVED))
+    return held
 
 
 def _split_classes(exports: list[str], special: dict[str, str]) -> tuple[str, dict[str, list[str]]]:
@@ -342,7 +377,7 @@ def _split_classes(exports: list[str], special: dict[str, str]) -> tuple[str, di
 
 def _saved_apart(ordinary: list[str], readers: dict[str, set[str]], phase_of: dict[str, str],
                  nodes: dict) -> list[str]:
-    """The exports of a forward group to hold apart for the backward, or none.
+    """Of a forward group's ordinary exports, those to hold apart for the backward, or none.
 
     Holding a node holds all its values, so a backward that reads only some of them keeps the rest,
     which only the next forward op reads, alive until then: ``native_batch_norm``'s normalised
