@@ -11,13 +11,13 @@ backward ops by pre-hooks on the autograd nodes, which know the module whose for
 The grouping step uses these tags (profiler/grouping.py).
 
 The gradients of the model's outputs (``tangents``) are inputs of the graph: the caller's loss
-produces them. Which outputs get one is decided by running the planning loss once for real.
+produces them. Which outputs get one is decided by running the planning loss once for real
+(profiler/loss.py).
 """
 
 from __future__ import annotations
 
 import contextlib
-import time
 from dataclasses import dataclass, field
 from typing import Any
 from collections.abc import Callable
@@ -30,40 +30,18 @@ from torch.fx.experimental.proxy_tensor import make_fx
 # functional_call without calling the module: the root's own hooks stay out of the trace.
 from torch.nn.utils.stateless import _reparametrize_module
 
-from .allocations import allocated_while, quiet_native_stderr
 from .blame import our_frame
 from .containers import holds_tensors, register_output_containers
 from .dropout import draw_in_place_masks_like_eager, drop_copies_into_fresh_tensors
+from .errors import CaptureError, LossMismatch, TraceError, first_line
+from .errors import ModelCallError as ModelCallError  # re-exported: the package's errors are named here
 from .fusions import fuse_cross_entropy_backward
-from .inputs import InputLayout, TensorSpec, input_layout
-from .measure import storage_bytes
+from .inputs import InputLayout, input_layout
+from .loss import LossInfo, run_planning_loss
+from .loss import default_loss as default_loss  # re-exported: the planner's default loss
 from .rnn import DECOMPOSITIONS as RNN_DECOMPOSITIONS
 from .state import cuda_devices, preserved_state
 from .transformer import masks_applied_as_given
-
-
-class CaptureError(RuntimeError):
-    """The model's training step could not be captured as a graph."""
-
-
-class ModelCallError(CaptureError):
-    """The model (or the loss function) raised when run eagerly on the example inputs: the inputs do
-    not fit the model, or the model is broken. No plan can be made; falling back would not help."""
-
-
-class LossMismatch(CaptureError):
-    """A saved plan's loss reads model outputs this model does not return."""
-
-
-class TraceError(CaptureError):
-    """The model runs eagerly but the tracer cannot follow its forward (Python control flow on
-    tensor values, an op fake tensors do not support...). ``planner.plan`` falls back to
-    checkpointing whole blocks with torch.utils.checkpoint (planner/fallback.py). ``reason`` is the
-    tracer's error, in one short line."""
-
-    def __init__(self, message: str, reason: str = ""):
-        super().__init__(message)
-        self.reason = reason or message
 
 
 # Device types whose autocast state a plan records (torch.autocast's device_type).
@@ -100,22 +78,6 @@ class Placeholder:
     name: str  # the fx placeholder's name
 
 
-@dataclass(frozen=True)
-class LossInfo:
-    """The planning loss, run eagerly: its cost and which model outputs it differentiates.
-
-    ``workspace_bytes``: the most the loss and its gradient allocate at once beyond the gradients
-    they hand back (a cross-entropy's log-softmax, say), measured; ``value_bytes``: what the caller
-    holds from the loss on beyond those gradients (the loss value, and the gradient autograd seeds
-    its backward with); both 0 when not measured."""
-
-    seconds: float
-    tangent_outputs: tuple[int, ...]  # indices into the model's tensor outputs
-    tangent_specs: tuple[TensorSpec, ...]
-    workspace_bytes: int = 0
-    value_bytes: int = 0
-
-
 @dataclass
 class JointGraph:
     """The functional joint graph and what each of its inputs and outputs is.
@@ -142,103 +104,6 @@ class JointGraph:
     # The cross-entropy backward recomputes the log-probabilities from the logits
     # (profiler/fusions.py: recompute_log_probs); the runtime must rewrite its trace the same way.
     log_probs_recomputed: bool = False
-
-
-def default_loss(output) -> torch.Tensor:
-    """Without a loss function the loss is the sum of the output's floating-point tensors
-    (docs/contract.md, "The Python API")."""
-    leaves = [t for t in pytree.tree_leaves(output) if isinstance(t, torch.Tensor) and t.is_floating_point()]
-    if not leaves:
-        raise CaptureError("the model's output has no floating-point tensor to take a loss of; pass loss_fn")
-    return sum(t.sum() for t in leaves)
-
-
-def _run_planning_loss(model, args, kwargs, loss_fn, repeats: int = 3) -> tuple[LossInfo, list[torch.Tensor]]:
-    """One eager forward, then the loss and its gradient wrt the outputs (median time of ``repeats``).
-
-    The outputs are detached first: the loss's gradient is wanted wrt each output as the caller sees
-    it, not through the model (a Hugging Face model's ``loss`` output depends on its ``logits``).
-    """
-    try:
-        output = model.forward(*args, **kwargs)
-    except Exception as error:  # a user's mistake (inputs that do not fit the model), not a bug of ours
-        raise ModelCallError(f"the model raised on the example inputs: {_first_line(error)}") from error
-    leaves, spec = pytree.tree_flatten(output)
-    tensor_positions = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]
-    if not any(leaves[i].requires_grad for i in tensor_positions):
-        raise CaptureError("no output of the model requires grad: there is nothing to differentiate")
-    detached = list(leaves)
-    for i in tensor_positions:
-        detached[i] = leaves[i].detach().requires_grad_(leaves[i].requires_grad)
-    del output, leaves
-    tensors = [detached[i] for i in tensor_positions]
-    differentiable = [i for i, t in enumerate(tensors) if t.requires_grad]
-    on_cuda = cuda_devices(tensors)
-    sync = torch.cuda.synchronize if on_cuda else (lambda: None)
-
-    def loss_and_gradients() -> tuple:
-        try:
-            loss = loss_fn(pytree.tree_unflatten(detached, spec))
-        except Exception as error:
-            raise ModelCallError(f"the loss function raised on the model's output: {_first_line(error)}") from error
-        if not isinstance(loss, torch.Tensor) or loss.numel() != 1 or not loss.is_floating_point():
-            raise CaptureError(f"loss_fn must return a scalar floating-point tensor, got {_describe(loss)}")
-        if not loss.requires_grad:
-            raise CaptureError("the loss does not depend on any output of the model that requires grad")
-        values.append(_loss_value_bytes(loss, tensors))
-        return torch.autograd.grad(loss, [tensors[i] for i in differentiable], allow_unused=True)
-
-    times, grads, values = [], None, []
-    for _ in range(repeats):
-        sync()
-        start = time.perf_counter()
-        grads = loss_and_gradients()
-        sync()
-        times.append(time.perf_counter() - start)
-    del grads
-    # Outside the traced graph the loss's intermediates would go uncounted: with a cross-entropy on
-    # a language model's logits, a log-softmax as large as the logits. (Quiet: torch warns on stderr
-    # when a block allocated before the recording is released in it; the loss ran visibly above.)
-    kept: list = []
-    with quiet_native_stderr():
-        peak, left = allocated_while(lambda: kept.append(loss_and_gradients()), on_cuda[0] if on_cuda else None)
-    grads = kept.pop()
-    used = [(i, g) for i, g in zip(differentiable, grads) if g is not None]
-    if not used:
-        raise CaptureError("the loss does not depend on any output of the model")
-    info = LossInfo(
-        seconds=sorted(times)[len(times) // 2],
-        tangent_outputs=tuple(i for i, _ in used),
-        tangent_specs=tuple(TensorSpec.of(g) for _, g in used),
-        workspace_bytes=max(0, peak - left),
-        value_bytes=values[-1],
-    )
-    # Contiguous, as the zeros a saved plan is traced with (capture(..., loss=...)): a gradient in
-    # the strides of a transposed output traced another backward (a view where the zeros gave a
-    # copy and a view), and the runtime refused the plan made on it (fingerprints differ). The
-    # trace made with contiguous tangents copies whatever layout autograd passes in at run time.
-    return info, [g.detach().contiguous() for _, g in used]
-
-
-def _loss_value_bytes(loss: torch.Tensor, outputs: list[torch.Tensor]) -> int:
-    """Bytes the caller holds from the loss through the backward: the loss value and the gradient
-    of the same size that ``loss.backward()`` seeds with (8 bytes for a float32 mean); 0 when
-    the loss is a model output (``out.loss``): its seed is that output's tangent, counted already."""
-    storage = loss.untyped_storage()
-    if any(t.untyped_storage().data_ptr() == storage.data_ptr() for t in outputs):
-        return 0
-    return 2 * storage_bytes(loss)
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    return f"{type(error).__name__}: {text.splitlines()[0]}" if text else type(error).__name__
-
-
-def _describe(value) -> str:
-    if isinstance(value, torch.Tensor):
-        return f"a tensor of shape {list(value.shape)} and dtype {value.dtype}"
-    return type(value).__name__
 
 
 def _batch_norm_declaring_its_mutation(input, weight, bias, running_mean, running_var, training, momentum, eps):
@@ -336,7 +201,7 @@ def capture(
     state = _StepState.of(model, args, kwargs)
     if loss is None:
         with preserved_state(model, cuda_devices([*state.trainable.values(), *state.frozen.values(), *state.inputs])):
-            loss, tangents = _run_planning_loss(model, args, kwargs, loss_fn or default_loss)
+            loss, tangents = run_planning_loss(model, args, kwargs, loss_fn or default_loss)
     else:
         tangents = [torch.zeros(s.shape, dtype=s.dtype, device=s.device) for s in loss.tangent_specs]
     step = _JointStep(model, state, loss)
@@ -504,7 +369,7 @@ def _trace(step: _JointStep, flat_inputs: list[torch.Tensor]) -> fx.GraphModule:
 
 def _trace_error(error: Exception) -> TraceError:
     """The tracer's failure, in one short line (its own messages are long)."""
-    reason = _first_line(error)
+    reason = first_line(error)
     reason = reason if len(reason) <= 160 else reason[:157] + "..."
     return TraceError(
         f"could not trace the model's training step ({reason}). "
