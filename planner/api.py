@@ -16,7 +16,7 @@ from .budget import format_bytes, parse_budget
 from .fallback import FallbackWarning, ModuleChainPlan, plan_module_chain
 from .footprint import held_besides_schedule
 from .granularity import noted, solve_over_groupings
-from .native import DISTRIBUTED, NativePlan, plan_native
+from .native import NativePlan, distributed_problem, plan_native
 from .planfile import Plan, load, profile_fields
 
 __all__ = ["BudgetInfeasible", "EXECUTORS", "profile_for", "FallbackWarning", "NativePlan", "SolverError", "Plan", "apply", "checkpoint",
@@ -58,8 +58,11 @@ def plan(
     example inputs. ``"traced"`` (the default with any other solver): any schedule of the profiled
     graph, run by replaying the trace (runtime/module.py); the solvers of ``solvers.METHODS``.
 
-    ``distributed="ddp"`` (native plans) counts DistributedDataParallel's gradient buckets, one copy
-    of the trainable parameters, in the budget of each device (planner/native.py, wrapper_bytes).
+    ``distributed`` (native plans) counts a wrapper's memory in the budget of each device:
+    ``"ddp"``, DistributedDataParallel's gradient buckets (one copy of the trainable parameters);
+    ``"fsdp2"`` (or ``planner.native.FSDP2(world_size, units)``), per-block ``fully_shard``: the
+    shards, the gathered units and their collectives' buffers in place of the whole parameters
+    (planner/native.py, wrapper_bytes and fsdp2_bytes). Plan and apply before wrapping.
 
     ``budget``: bytes of the whole step (``"12GB"``, ``"500MiB"``, an int) or a percentage of the
     un-checkpointed step's peak (``"60%"``). ``solver``: ``"auto"`` or a method of
@@ -86,10 +89,8 @@ def plan(
                         "a profile alone use planner.plan_from_profile(profile, budget)")
     parsed = parse_budget(budget)
     executor = _executor(executor, solver)
-    if distributed is not None and distributed not in DISTRIBUTED:
-        raise SolverError(f"distributed={distributed!r} is not accounted for; accepted: None, "
-                          + ", ".join(repr(d) for d in DISTRIBUTED)
-                          + " (FSDP2: see docs/runtime.md, 'Several processes')")
+    if distributed_problem(distributed):
+        raise SolverError(distributed_problem(distributed) + " (docs/native.md, 'Several processes')")
     if executor == "native":
         return _plan_native(model, example_inputs, parsed, loss_fn, time_limit, granularity, profile, distributed)
     if distributed is not None:

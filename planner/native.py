@@ -28,7 +28,7 @@ from profiler.costgraph import fingerprint as graph_fingerprint
 from profiler.inputs import normalise_inputs
 from profiler.state import cuda_devices, rng_state_bytes
 from runtime.chain import module_fingerprint
-from runtime.native import apply_native, input_shapes, remove_native
+from runtime.native import apply_native, input_shapes, parse_region, remove_native
 from solvers import Infeasible
 from solvers.regions import RegionPlan, candidate_regions, plan_regions, region_costs
 from solvers.schedule import SolverInfo
@@ -134,41 +134,195 @@ def _fixed_bytes(graph: nx.DiGraph) -> int:
     return int(graph.graph["fixed_bytes"]) + int(graph.graph.get("loss_value_bytes", 0))
 
 
-DISTRIBUTED = ("ddp",)
+DISTRIBUTED = ("ddp", "fsdp2")
+
+# FSDP2 units whose parameters are gathered at once, at most (see fsdp2_bytes): the unit computing
+# and the one its backward prefetches; one more while a checkpointed run of several units recomputes.
+GATHERED_UNITS = 2
 
 
-def wrapper_bytes(model: torch.nn.Module, distributed: str | None) -> int:
-    """Bytes a distributed wrapper holds on each device besides the step the profile traced.
+@dataclass(frozen=True)
+class FSDP2:
+    """Per-block FSDP2: ``torch.distributed.fsdp.fully_shard`` on each module of ``units`` (paths in
+    the model), then on the root, over ``world_size`` ranks, with its default
+    ``reshard_after_forward=True``. ``units=None``: the repeated blocks (:func:`repeated_blocks`).
+    ``distributed="fsdp2"`` is ``FSDP2(world_size=<the initialised process group's>)``."""
+
+    world_size: int
+    units: tuple[str, ...] | None = None
+
+    def __post_init__(self):
+        if isinstance(self.world_size, bool) or not isinstance(self.world_size, int) or self.world_size < 1:
+            raise ValueError(f"FSDP2(world_size={self.world_size!r}): a whole number of ranks >= 1")
+        if self.units is not None and (isinstance(self.units, str)
+                                       or not all(isinstance(u, str) for u in self.units)):
+            raise ValueError(f"FSDP2(units={self.units!r}): a tuple of module paths, such as ('layers.0', 'layers.1')")
+
+
+def distributed_problem(distributed) -> str | None:
+    """Why ``distributed`` (``plan(..., distributed=)``) is not accepted, or None when it is."""
+    if distributed is None or distributed in DISTRIBUTED or isinstance(distributed, FSDP2):
+        return None
+    return (f"distributed={distributed!r} is not accounted for; accepted: None, "
+            + ", ".join(repr(d) for d in DISTRIBUTED) + " or planner.native.FSDP2(world_size, units)")
+
+
+def repeated_blocks(model: torch.nn.Module) -> tuple[str, ...]:
+    """Paths of the modules per-block sharding conventionally makes FSDP2 units: the children of
+    every ``nn.ModuleList`` or ``nn.Sequential`` whose class occurs at least twice among their
+    siblings and that hold parameters (a transformer's layers, a residual network's blocks)."""
+    found = []
+    for path, container in model.named_modules():
+        if not isinstance(container, (torch.nn.ModuleList, torch.nn.Sequential)):
+            continue
+        children = list(container.named_children())
+        classes = [type(child) for _, child in children]
+        for name, child in children:
+            if classes.count(type(child)) >= 2 and any(True for _ in child.parameters()):
+                found.append(f"{path}.{name}" if path else name)
+    return tuple(found)
+
+
+def _sharded_bytes(p: torch.Tensor, world: int) -> int:
+    """One rank's shard of ``p`` as FSDP2 stores it: dim 0 split in ``world`` chunks, each padded to
+    the largest (``ceil(dim0 / world)`` rows; a 0-d tensor is one row)."""
+    rows = p.shape[0] if p.dim() else 1
+    return -(-rows // world) * (p.numel() // max(rows, 1)) * p.element_size()
+
+
+def _resolve_fsdp2(model: torch.nn.Module, distributed) -> FSDP2:
+    if isinstance(distributed, FSDP2):
+        return distributed
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        raise ValueError("distributed='fsdp2' takes the world size from the process group, which is not "
+                         "initialised here: call torch.distributed.init_process_group first, or pass "
+                         "planner.native.FSDP2(world_size=..., units=...)")
+    return FSDP2(world_size=dist.get_world_size())
+
+
+def _units_inside(region: str, units) -> int:
+    """How many FSDP2 units a region's checkpoint runs whole (their forward hooks run again when it
+    recomputes)."""
+    path, segment, _ = parse_region(region)
+    if segment is None:
+        roots = [path]
+    else:
+        roots = [f"{path}.{i}" if path else str(i) for i in range(*segment)]
+    return sum(1 for u in units if any(r == "" or u == r or u.startswith(r + ".") for r in roots))
+
+
+def fsdp2_bytes(model: torch.nn.Module, spec: FSDP2, regions=()) -> int:
+    """What per-block FSDP2 changes in one rank's step, in bytes, against the unsharded step the
+    profile traced with ``regions`` checkpointed (negative where sharding saves more than gathering
+    costs).
+
+    The unsharded step holds every parameter whole and their gradients as the backward makes them.
+    Under FSDP2 (torch/distributed/fsdp/_fully_shard; FSDPParamGroup's unshard, reshard,
+    pre_backward's prefetch and foreach_reduce) one rank holds, besides the same activations:
+
+    - each parameter's padded shard (:func:`_sharded_bytes`), for the whole step, in place of the
+      whole parameter;
+    - the parameters not in any unit (the root's group) gathered for the whole step: the root does
+      not reshard after forward;
+    - at most :data:`GATHERED_UNITS` units' gathered parameters at once, each counted as the largest
+      unit's (padded: ``world_size`` shards): after forward each unit reshards; the backward gathers
+      the unit it runs and prefetches the one before (FSDP2's default prefetch); one more when a
+      region holds several units, whose recomputation runs their forward hooks and gathers each
+      again beside those two;
+    - one unit's collective buffers on top: the all-gather's output beside the copied-out
+      parameters (one gathered unit) and its input (one shard), or the reduce-scatter's input (the
+      unit's gradients, flat) and output (a shard), whichever is larger: the same here.
+
+    Gradients: a unit's backward makes whole gradients, reduce-scatters them and keeps a shard. At
+    any moment that is at most what the unsharded step holds (whole gradients of the same
+    parameters), so the unsharded step's gradients, already in its figure, bound them. The sum is an
+    upper bound, as loose as the gathered units' and the buffers' moments are apart."""
+    world = spec.world_size
+    units = repeated_blocks(model) if spec.units is None else tuple(spec.units)
+    modules = dict(model.named_modules())
+    missing = [u for u in units if u not in modules or u == ""]
+    if missing:
+        raise ValueError(f"FSDP2 units {missing} are not submodules of {type(model).__name__} "
+                         "(paths as model.named_modules() gives them; the root is sharded last, not a unit)")
+    owner: dict[int, str] = {}  # parameter -> the innermost unit holding it ("" for the root's group)
+    for unit in sorted(units, key=lambda u: u.count(".")):  # outer first: inner units claim theirs after
+        for p in modules[unit].parameters():
+            owner[id(p)] = unit
+    params = {id(p): p for p in model.parameters()}
+    whole = sum(p.numel() * p.element_size() for p in params.values())
+    shards = sum(_sharded_bytes(p, world) for p in params.values())
+    gathered: dict[str, int] = {}
+    for key, p in params.items():
+        unit = owner.get(key, "")
+        gathered[unit] = gathered.get(unit, 0) + world * _sharded_bytes(p, world)
+    root = gathered.pop("", 0)
+    largest = max(gathered.values(), default=0)
+    collectives = largest + -(-largest // world)
+    spanning = any(_units_inside(region, units) > 1 for region in regions)
+    return shards + root + (GATHERED_UNITS + spanning) * largest + collectives - whole
+
+
+def wrapper_bytes(model: torch.nn.Module, distributed, regions=()) -> int:
+    """Bytes a distributed wrapper changes on each device against the step the profile traced.
 
     ``"ddp"``: DistributedDataParallel's gradient buckets, allocated when it wraps the model and
     held for good: one copy of the trainable parameters' gradients (its default,
     ``gradient_as_bucket_view=False``; with views the buckets are the gradients and this counts
-    them twice, an over-estimate). None: nothing."""
+    them twice, an over-estimate). ``"fsdp2"`` or an :class:`FSDP2`: :func:`fsdp2_bytes` with
+    ``regions`` checkpointed, negative where sharding saves memory. None: nothing."""
+    problem = distributed_problem(distributed)
+    if problem:
+        raise ValueError(problem)
     if distributed is None:
         return 0
-    if distributed not in DISTRIBUTED:
-        raise ValueError(f"distributed={distributed!r} is not accounted for; accepted: None, "
-                         + ", ".join(repr(d) for d in DISTRIBUTED)
-                         + " (FSDP2: plan one rank's step unsharded; see docs/runtime.md)")
-    return sum(p.numel() * p.element_size() for p in {id(p): p for p in model.parameters() if p.requires_grad}.values())
+    if distributed == "ddp":
+        trainable = {id(p): p for p in model.parameters() if p.requires_grad}.values()
+        return sum(p.numel() * p.element_size() for p in trainable)
+    return fsdp2_bytes(model, _resolve_fsdp2(model, distributed), regions)
+
+
+def refuse_wrapped(model: torch.nn.Module) -> None:
+    """A clear error for a model already wrapped by DDP or sharded by FSDP2: plan (and apply) first,
+    then wrap. Sharded parameters are DTensors the profiler cannot run with plain inputs, and a plan
+    made of the wrapper would name the wrapper's modules."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    if isinstance(model, DistributedDataParallel):
+        raise ValueError("the model is wrapped in DistributedDataParallel: plan and apply on the module inside "
+                         "(plan(ddp.module, ...)), or better before wrapping, then wrap it")
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:  # torch without distributed
+        return
+    sharded = [path or type(model).__name__ for path, m in model.named_modules() if isinstance(m, FSDPModule)]
+    if sharded:
+        raise ValueError(f"{', '.join(sharded[:3])}{' and more' if len(sharded) > 3 else ''} already sharded by "
+                         "fully_shard: plan and apply the plan on the unsharded model first (every rank builds it "
+                         "the same way), then fully_shard each block and the root; pass distributed='fsdp2' to count "
+                         "the sharding in the budget")
 
 
 def solve_native(profile: profiler.Profile, model: torch.nn.Module, budget_bytes: int,
-                 time_limit: float | None = None, extra_bytes: int = 0) -> tuple[RegionPlan, int]:
+                 time_limit: float | None = None, extra_bytes: int = 0,
+                 distributed=None) -> tuple[RegionPlan, int]:
     """The regions for ``budget_bytes`` (whole step) and the bytes held besides their schedule
-    (``extra_bytes``, a wrapper's, included)."""
+    (``extra_bytes``, and ``distributed``'s wrapper's for the regions chosen, included)."""
     graph = profile.regroup("op").graph
     devices = cuda_devices([*model.parameters()])
     fixed = _fixed_bytes(graph) + extra_bytes
+    unwrapped = fixed
+    fixed += wrapper_bytes(model, distributed)
     sequentials = sequential_containers(model)
     candidates = candidate_regions(graph)
     activation_budget = budget_bytes - fixed
-    for _ in range(3):  # the RNG states depend on how many regions: settle them
+    for _ in range(3):  # the RNG states (and FSDP2's gathered units) depend on the regions: settle them
         if activation_budget < 0:
             raise Infeasible("the parameters, buffers and inputs alone exceed the budget", min_budget=None,
                              method=METHOD)
         plan = plan_regions(graph, activation_budget, candidates, sequentials, time_limit=time_limit)
-        held = fixed + _rng_bytes(plan.regions, devices)
+        held = unwrapped + wrapper_bytes(model, distributed, plan.regions) + _rng_bytes(plan.regions, devices)
         if held + plan.outcome.peak_bytes <= budget_bytes:
             return plan, held
         activation_budget = budget_bytes - held
@@ -196,9 +350,10 @@ def plan_native(model: torch.nn.Module, example_inputs, budget: Budget, loss_fn=
     """A :class:`NativePlan` for ``budget``: see the module docstring. Raises :class:`Infeasible`
     (``min_budget`` in whole-step bytes) when no set of regions fits.
 
-    ``distributed`` (``"ddp"``) counts what the wrapper holds on each device (:func:`wrapper_bytes`)
-    in the predicted and in the measured peak (the measurement runs unwrapped, in this process, and
-    adds those bytes), and in the base of a ``"N%"`` budget."""
+    ``distributed`` (``"ddp"``, ``"fsdp2"`` or an :class:`FSDP2`) counts what the wrapper changes on
+    each device (:func:`wrapper_bytes`) in the predicted and in the measured peak (the measurement
+    runs unwrapped, in this process, and adds those bytes), and in the base of a ``"N%"`` budget."""
+    refuse_wrapped(model)
     extra = wrapper_bytes(model, distributed)
     remove_native(model)  # re-planning a model planned before: trace its own forward
     if profile is None:
@@ -228,11 +383,11 @@ def plan_native(model: torch.nn.Module, example_inputs, budget: Budget, loss_fn=
     for _ in range(attempts):
         try:
             search_started = time.perf_counter()
-            solved, held = solve_native(profile, model, target, time_limit, extra)
+            solved, held = solve_native(profile, model, target, time_limit, distributed=distributed)
             solving += time.perf_counter() - search_started
         except Infeasible as error:
             minimum = None if error.min_budget is None else error.min_budget + fixed
-            least = _least_if_it_measures_within(profile, model, example_inputs, loss_fn, extra, budget_bytes,
+            least = _least_if_it_measures_within(profile, model, example_inputs, loss_fn, distributed, budget_bytes,
                                                  minimum, measure, time_limit)
             if least is not None:
                 solved, held, measured = least
@@ -244,7 +399,7 @@ def plan_native(model: torch.nn.Module, example_inputs, budget: Budget, loss_fn=
         if not measure:
             break
         measured = measure_native(model, solved.regions, example_inputs, loss_fn)
-        measured = replace(measured, peak_bytes=measured.peak_bytes + extra)
+        measured = replace(measured, peak_bytes=measured.peak_bytes + wrapper_bytes(model, distributed, solved.regions))
         if measured.peak_bytes <= budget_bytes:
             break
         target -= measured.peak_bytes - budget_bytes  # the prediction missed by this much: ask for less
@@ -263,7 +418,7 @@ def plan_native(model: torch.nn.Module, example_inputs, budget: Budget, loss_fn=
 NEAR_MISS = 0.02  # a least predicted peak this close above the budget is measured before refusing
 
 
-def _least_if_it_measures_within(profile, model, example_inputs, loss_fn, extra: int, budget_bytes: int,
+def _least_if_it_measures_within(profile, model, example_inputs, loss_fn, distributed, budget_bytes: int,
                                  minimum: int | None, measure: bool, time_limit):
     """The least-peak plan, when its predicted peak is within :data:`NEAR_MISS` above the budget and
     its measured peak is within it: the prediction is an estimate of eager checkpointing (it
@@ -271,11 +426,11 @@ def _least_if_it_measures_within(profile, model, example_inputs, loss_fn, extra:
     if not measure or minimum is None or minimum > budget_bytes * (1 + NEAR_MISS):
         return None
     try:
-        solved, held = solve_native(profile, model, minimum, time_limit, extra)
+        solved, held = solve_native(profile, model, minimum, time_limit, distributed=distributed)
     except Infeasible:
         return None
     measured = measure_native(model, solved.regions, example_inputs, loss_fn)
-    measured = replace(measured, peak_bytes=measured.peak_bytes + extra)
+    measured = replace(measured, peak_bytes=measured.peak_bytes + wrapper_bytes(model, distributed, solved.regions))
     return (solved, held, measured) if measured.peak_bytes <= budget_bytes else None
 
 
@@ -327,4 +482,4 @@ def _native_plan(model, profile, solved: RegionPlan, held: int, budget: Budget, 
     )
 
 
-__all__ = ["NATIVE_FORMAT", "NativePlan", "measure_native", "plan_native", "sequential_containers", "solve_native"]
+__all__ = ["DISTRIBUTED", "FSDP2", "NATIVE_FORMAT", "NativePlan", "fsdp2_bytes", "measure_native", "plan_native", "sequential_containers", "solve_native"]
