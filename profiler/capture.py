@@ -34,7 +34,7 @@ from .blame import our_frame
 from .containers import holds_tensors, register_output_containers
 from .dropout import draw_in_place_masks_like_eager, drop_copies_into_fresh_tensors
 from .errors import CaptureError, LossMismatch, TraceError, first_line
-from .errors import ModelCallError as ModelCallError  # re-exported: the package's errors are named here
+from .errors import ModelCallError as ModelCallError  # re-exported: profiler/__init__.py imports it from here
 from .fusions import fuse_cross_entropy_backward
 from .inputs import InputLayout, input_layout
 from .loss import LossInfo, run_planning_loss

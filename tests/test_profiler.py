@@ -466,3 +466,17 @@ def test_attention_backwards_replaying_their_forward_draw_are_not_random():
     assert is_random(node(aten._scaled_dot_product_efficient_attention.default))
     assert is_random(node(aten.native_dropout.default))
     assert not is_random(node(aten.mm.default))
+
+
+def test_a_group_whose_exports_mix_classes_hands_each_special_class_to_an_extraction():
+    """profiler/grouping.py _split_classes: one class, that class and nothing held apart; mixed,
+    ordinary, with the special values by class, model outputs first (the extraction nodes' order)."""
+    from profiler.grouping import GRADIENT, MODEL_OUTPUT, MUTATION, NORMAL, _split_classes
+
+    special = {"g1": GRADIENT, "out": MODEL_OUTPUT, "g2": GRADIENT, "stat": MUTATION}
+    assert _split_classes([], special) == (NORMAL, {})
+    assert _split_classes(["a", "b"], special) == (NORMAL, {})
+    assert _split_classes(["g1", "g2"], special) == (GRADIENT, {})
+    value_class, apart = _split_classes(["a", "g1", "stat", "out", "g2"], special)
+    assert value_class == NORMAL and list(apart.items()) == [(MODEL_OUTPUT, ["out"]), (GRADIENT, ["g1", "g2"]),
+                                                             (MUTATION, ["stat"])]
