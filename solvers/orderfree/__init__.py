@@ -16,7 +16,12 @@ Rows (one function each below): ``x_j``'s inputs are held at ``t_j``; the memory
 was computed in interval ``j-1`` or held at ``t_{j-1}``; a node computed in interval ``i`` finds
 each input computed in interval ``i`` or held at ``t_i``; every node is computed at least once,
 sinks and pinned nodes exactly once; a pinned node is held from its computation on; an output is
-held at ``t_M`` or computed in interval ``M``. Fixings: ``c[i,v] = 0`` where ``v`` is
+held at ``t_M`` or computed in interval ``M``; and (on models of at most
+``INTERVAL_ROWS_MAX_COLUMNS`` columns) the memory inside each interval: ``z[i,u]`` (held
+throughout interval ``i``) >= ``h[i,u] + h[i+1,u] - c[i,u] - 1``, a continuous ``w[i] >= 0`` at
+least what a computation there adds to those (``w[i] >= own[v] c[i,v] - sum of v's inputs' bytes
+z[i,u]``, ``own[v]`` its result, workspace and inputs), and ``sum mem[u] z[i,u] + w[i] <= budget``.
+Fixings: ``c[i,v] = 0`` where ``v`` is
 ``x_{i+1}`` or one of its descendants (first computed after ``t_{i+1}``), ``h[j,v] = 0`` where
 ``v`` is ``x_j`` or a descendant, ``c[j, x_j] = 1``. Objective: ``sum cost[v] * c[i,v]`` (seconds).
 
@@ -30,7 +35,10 @@ simulator's rules). Read off ``c`` and ``h`` from ``Y`` as defined above. Each r
 its result and workspace, at most the budget; a result held at ``t_j`` was either held at
 ``t_{j-1}`` and kept, or computed after ``t_{j-1}`` and before ``t_j`` (interval ``j-1``); a
 computation in interval ``i`` reads inputs held at that step, each held since ``t_i`` or
-computed after ``t_i``, in the same interval; the fixings hold because a descendant is first
+computed after ``t_i``, in the same interval; a result held at ``t_i`` and ``t_{i+1}`` and
+not computed between is held throughout, so at each computation in the interval the memory is at
+least those bytes plus the computation's own (its inputs counted once), which ``w[i]`` (the
+largest such excess, or 0) and the interval's row say; the fixings hold because a descendant is first
 computed after its ancestor; an output is held at the end, so from its last computation on.
 The objective counts each (interval, node) pair once, while ``Y`` pays every computation, and
 costs are >= 0: the point costs at most ``cost(Y)``. So the MILP optimum, its solver's dual bound,
@@ -45,7 +53,9 @@ The method
 Its optimum laid out interval by interval (``x_i``, then interval ``i``'s other computations in
 topological order, frees at last use) is a valid schedule; it usually fits the budget. When it
 overshoots by ``d`` bytes, the MILP is solved again at the budget minus ``d`` (a few times). The
-status is ``optimal`` only when the schedule's cost meets the bound of the true budget; otherwise
+re-solves are other solutions at the budget (no-good cuts), then smaller budgets; on models above
+50k columns only smaller budgets, 1.25x the overshoot below (``LARGE_REPAIR``). The status is
+``optimal`` only when the schedule's cost meets the bound of the true budget; otherwise
 the best of the layout and the fast heuristics (dp, chen-greedy) is returned, ``feasible``, with the
 bound's gap. An infeasible relaxation proves that no schedule fits the budget.
 """

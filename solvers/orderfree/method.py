@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from ..clock import Clock
@@ -33,6 +34,29 @@ FIRST_SOLVE_SHARE = 0.85
 # deaf to cancelling (without, 2.5 s); a re-solve after a no-good cut, 70 s. On the 163-node GPT-2
 # graph (18.8k columns) the start is what makes the layout fit.
 START_MAX_COLUMNS = 50_000
+# Above this many nodes dp runs after the relaxation, and only where nothing is proven: on the
+# 1001-node chain it took 16 s of a 9 s share (its first chain view always runs), and on models
+# above START_MAX_COLUMNS its schedule is no MIP start, only a fallback; chen-greedy takes ~1 s.
+UPFRONT_DP_MAX_NODES = 500
+
+
+@dataclass(frozen=True)
+class Repair:
+    """How a layout over the budget is repaired: at most ``attempts`` re-solves, the first
+    ``cuts`` of them at the same budget with a no-good cut, the rest at the budget less ``margin``
+    times the last overshoot (bytes), each re-solve given ``share`` of the time left."""
+
+    attempts: int = REPAIR_ATTEMPTS
+    cuts: int = NO_GOOD_CUTS
+    margin: float = 1.0
+    share: float = 0.5
+
+
+# Models above START_MAX_COLUMNS: no cuts (a cut made HiGHS spend 70 s in the 1001-node skip
+# graph's root LP), budget reductions with a margin (the 1001-node chain's layout overshot by 13
+# bytes, the solution 13 bytes lower by 1, 14 lower fit), each given most of what is left (the
+# re-solve at the lower budget took 22 s where the first took 12 s).
+LARGE_REPAIR = Repair(attempts=2, cuts=0, margin=1.25, share=0.9)
 
 
 def _checked(graph, costs: NodeCosts, computes: list[int], budget: int):
@@ -77,21 +101,26 @@ def solve_orderfree(graph, budget: int, time_limit: float | None = None) -> Sche
         return store_all.with_info(method=METHOD, status=OPTIMAL, gap=0.0, lower_bound=float(sum(costs.cost)),
                                    message="store-all fits the budget")
     # The fast heuristics first: their schedules stand when the MILP runs out of time.
-    search = _Search(graph, costs, budget, clock, _fallbacks(graph, budget, clock, ("dp", "chen-greedy"),
-                                                             HEURISTIC_SHARE))
+    upfront = ("dp", "chen-greedy") if costs.n <= UPFRONT_DP_MAX_NODES else ("chen-greedy",)
+    search = _Search(graph, costs, budget, clock, _fallbacks(graph, budget, clock, upfront, HEURISTIC_SHARE))
     _solve_relaxation(search)
     bound = _bound(search)
     if search.first.infeasible:
         least = _fallback_minimum(graph, costs, outcome.peak_bytes, clock)
         raise Infeasible(f"orderfree: the order-free relaxation proves that no schedule fits in {budget} bytes; "
                          f"the least budget this method meets is {least} bytes", min_budget=least, method=METHOD)
+    laid = None
     if search.model is not None:
-        laid = _laid_out(graph, costs, search.model, search.first, budget, clock,
-                         REPAIR_ATTEMPTS if search.small_model() else 0)
+        repair = Repair() if search.small_model() else LARGE_REPAIR
+        laid = _laid_out(graph, costs, search.model, search.first, budget, clock, repair)
         search.found += [laid] if laid is not None else []
     best = min((item[0] for item in search.found), default=None)
     if _unproven(best, bound) and costs.n <= EXACT_FALLBACK_NODES:
         search.found += _fallbacks(graph, budget, clock, ("exhaustive",), 0.5)
+    elif laid is None and "dp" not in upfront:
+        # No layout fits: dp's schedule may beat chen-greedy's (its first view can overrun the time
+        # left, so not where a layout stands: on the 1001-node chain the call then took 63 s of 60).
+        search.found += _fallbacks(graph, budget, clock, ("dp",), 1.0)
     if not search.found:
         raise _nothing_found(search, outcome.peak_bytes)
     return _reported(search, bound)
@@ -169,11 +198,28 @@ def _reported(search: _Search, bound: float) -> Schedule:
 
 
 def start_from(model: OrderFreeModel, steps) -> None:
-    """A MIP start read off a valid schedule (``steps``: (kind, position) pairs), as in the
-    package docstring's proof: HiGHS then starts from that schedule's cost instead of searching
+    """A MIP start read off a valid schedule (``steps``: (kind, position) pairs; see
+    :func:`schedule_point`): HiGHS then starts from that schedule's cost instead of searching
     for a first incumbent (it drops a start that breaks a row, e.g. a sink computed twice)."""
     import numpy as np
 
+    values = schedule_point(model, steps)
+    if values is None:
+        return
+    n_cols = len(model.integrality)
+    dense = np.zeros(n_cols, dtype=np.float64)
+    for column, value in values.items():
+        dense[column] = value
+    model.highs.setSolution(n_cols, np.arange(n_cols, dtype=np.int32), dense)
+
+
+def schedule_point(model: OrderFreeModel, steps) -> dict[int, float] | None:
+    """The model's point of a valid schedule (``steps``: (kind, position) pairs), as in the package
+    docstring's proof: c[i,v] = 1 where v is computed in interval i, h[j,u] = 1 where u is held when
+    x_j is first computed, z and w at the least values their rows allow. Column -> value, columns
+    left out at 0; ``None`` when the model cannot read the schedule (not the graph's, or out of order).
+    For a schedule within the model's budget that computes each sink once, it meets every row, at
+    an objective no greater than the schedule's cost."""
     number = {x: j + 1 for j, x in enumerate(model.marks)}
     values, held, interval = {}, set(), 0
     for kind, v in steps:
@@ -184,28 +230,40 @@ def start_from(model: OrderFreeModel, steps) -> None:
             interval += 1
             values.update({model.h[interval, u]: 1.0 for u in held if (interval, u) in model.h})
         if (interval, v) not in model.c:
-            return  # not a schedule this model can read (not the graph's, or out of order)
+            return None
         values[model.c[interval, v]] = 1.0
         held.add(v)
     m = len(model.marks)
     for (i, u), column in model.z.items():
         after = values.get(model.h.get((i + 1, u)), 0.0) if i < m else 1.0
         values[column] = max(0.0, values.get(model.h[i, u], 0.0) + after - values.get(model.c[i, u], 0.0) - 1.0)
-    n_cols = len(model.integrality)
-    dense = np.zeros(n_cols, dtype=np.float64)
-    for column, value in values.items():
-        dense[column] = value
-    model.highs.setSolution(n_cols, np.arange(n_cols, dtype=np.int32), dense)
+    _start_worst(model, values)
+    return values
+
+
+def _start_worst(model: OrderFreeModel, values: dict) -> None:
+    """w[i] of a MIP start: the largest bytes a computation in interval i adds to what is held
+    throughout it (the rows of ``OrderFreeModel._interval_memory``), at least 0."""
+    costs = model.costs
+    for i, column in model.w.items():
+        worst = 0.0
+        for v in range(costs.n):
+            if values.get(model.c.get((i, v)), 0.0) > 0.5 and model.marks[i - 1] != v:
+                inputs = costs.preds[v]
+                own = costs.mem[v] + costs.workspace[v] + sum(costs.mem[u] for u in inputs)
+                worst = max(worst, own - sum(costs.mem[u] * values.get(model.z.get((i, u)), 0.0) for u in inputs))
+        values[column] = worst
 
 
 def _laid_out(graph, costs: NodeCosts, model: OrderFreeModel, first: Relaxation, budget: int, clock: Clock,
-              attempts: int = REPAIR_ATTEMPTS):
+              repair: Repair | None = None):
     """(cost, peak, schedule, source) of the first layout within ``budget``: the optimum's; else,
-    at the same budget, another solution (a cut excludes each one tried, up to ``NO_GOOD_CUTS``);
-    else solutions at the budget less the last overshoot (halved while that is infeasible). At most
-    ``attempts`` re-solves. ``None`` when none fits."""
+    at the same budget, another solution (a cut excludes each one tried, up to ``repair.cuts``);
+    else solutions at the budget less ``repair.margin`` times the last overshoot (halved while that
+    is infeasible). At most ``repair.attempts`` re-solves. ``None`` when none fits."""
+    repair = Repair() if repair is None else repair
     result, target, cuts, reduction = first, budget, 0, 0
-    for attempt in range(attempts + 1):
+    for attempt in range(repair.attempts + 1):
         if result.layouts:
             laid = [_checked(graph, costs, computes, budget) for computes in result.layouts]
             schedule, sim = min(laid, key=lambda pair: (pair[0] is None, pair[1].peak_bytes))
@@ -214,20 +272,20 @@ def _laid_out(graph, costs: NodeCosts, model: OrderFreeModel, first: Relaxation,
                     f"the relaxation's solution at {target} bytes, laid out" if target < budget
                     else f"its laid-out solution after {cuts} cut(s)")
                 return sim.compute_cost, sim.peak_bytes, schedule, source
-            reduction = max(1, sim.peak_bytes - budget)
+            reduction = max(1, math.ceil(repair.margin * (sim.peak_bytes - budget)))
         elif target == budget or reduction <= 1:
             return None  # out of time, or infeasible at the budget (all cuts) or one byte below it
         else:
             reduction //= 2  # infeasible that far below the budget: ask for less
-        if attempt == attempts or clock.expired():
+        if attempt == repair.attempts or clock.expired():
             return None
-        if result.layouts and cuts < NO_GOOD_CUTS:
+        if result.layouts and cuts < repair.cuts:
             model.exclude(result.chosen)
             cuts += 1
         else:
             target = budget - reduction
             model.set_budget(target)
-        result = model.solve(clock.share(0.5))
+        result = model.solve(clock.share(repair.share))
     return None
 
 

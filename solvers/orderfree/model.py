@@ -14,9 +14,13 @@ METHOD = "orderfree"
 # Milestones are thinned (every k-th path node) until c and h have at most this many columns: a
 # 1001-node chain with every 10th path node is ~100k columns (issue 20: built in 1.7 s).
 MAX_COLUMNS = 120_000
-# The rows of the memory during an interval's computations (family ``_interval_memory``) have
-# ~n terms each; they are added, interval by interval, up to this many nonzeros.
-MAX_INTERVAL_MEMORY_ENTRIES = 400_000
+# The rows of the memory inside intervals (``OrderFreeModel._interval_memory``) are built on models of
+# at most this many c and h columns. On larger ones they slow the MILP more than they help the
+# layout, and the method repairs at smaller budgets instead: on the 1001-node chain (112 milestones,
+# 168k columns) the MILP was proven in 12 s without them and unproven after 60 s with them, and its
+# layout overshot the budget either way (by 13 bytes without, and with them at 28 milestones by the
+# same 51 bytes as without).
+INTERVAL_ROWS_MAX_COLUMNS = 50_000
 # Seconds the other methods (ilp, cpsat, auto) give the bound at most: the small graphs' MILPs solve
 # in milliseconds; larger ones keep the dual bound reached (or the LP's) when this passes.
 ORDER_FREE_SECONDS = 10.0
@@ -81,6 +85,20 @@ class _Rows:
         return len(self.starts) - 1
 
 
+class _Columns:
+    """Columns collected for one ``addCols`` call: objective (seconds), bounds, integrality."""
+
+    def __init__(self):
+        self.objective, self.lower, self.upper, self.integer = [], [], [], []
+
+    def add(self, cost: float = 0.0, lower: float = 0.0, upper: float = 1.0, integer: bool = True) -> int:
+        self.objective.append(cost)
+        self.lower.append(lower)
+        self.upper.append(upper)
+        self.integer.append(integer)
+        return len(self.objective) - 1
+
+
 @dataclass
 class Relaxation:
     """What one solve of the relaxation gives: ``bound`` (seconds, valid over every schedule within
@@ -104,31 +122,29 @@ class OrderFreeModel:
     c: dict = field(default_factory=dict)  # (interval, v) -> column
     h: dict = field(default_factory=dict)  # (milestone, v) -> column
     z: dict = field(default_factory=dict)  # (interval, v) -> column: held throughout interval i
+    w: dict = field(default_factory=dict)  # interval -> column: the most bytes a computation in it adds
     memory_rows: list = field(default_factory=list)  # (row, bytes its computation adds) per memory row
     highs: object = None
     infeasible: bool = False  # a milestone's own step does not fit: no schedule does
+    # Whether the in-interval memory rows are built (None: where c and h have at most
+    # INTERVAL_ROWS_MAX_COLUMNS columns). Valid rows, so either way the bound holds.
+    interval_rows: bool | None = None
 
     # -- columns ------------------------------------------------------------------------------
-    def _columns(self) -> tuple[list[float], list[float]]:
-        """c[i,v] for i >= e[v]; h[j,v] for e[v] < j <= M. c[j, x_j] is fixed to 1, and the
-        inputs of x_j are fixed held at t_j (they are read by its computation)."""
+    def _columns(self, cols: _Columns) -> None:
+        """c[i,v] for i >= e[v]; h[j,v] for e[v] < j <= M (binaries). c[j, x_j] is fixed to 1, and
+        the inputs of x_j are fixed held at t_j (they are read by its computation)."""
         costs, m = self.costs, len(self.marks)
         e = earliest_intervals(costs, self.marks)
-        objective, lower = [], []  # every column is binary: upper bounds 1
         for v in range(costs.n):
             for i in range(e[v], m + 1):
-                self.c[i, v] = len(objective)
-                objective.append(costs.cost[v])
-                lower.append(0.0)
+                self.c[i, v] = cols.add(costs.cost[v])
             for j in range(e[v] + 1, m + 1):
-                self.h[j, v] = len(objective)
-                objective.append(0.0)
-                lower.append(0.0)
+                self.h[j, v] = cols.add()
         for j, x in enumerate(self.marks, start=1):
-            lower[self.c[j, x]] = 1.0  # x_j is first computed at t_j, in interval j
+            cols.lower[self.c[j, x]] = 1.0  # x_j is first computed at t_j, in interval j
             for u in costs.preds[x]:
-                lower[self.h[j, u]] = 1.0  # its inputs are held while it is computed
-        return objective, lower
+                cols.lower[self.h[j, u]] = 1.0  # its inputs are held while it is computed
 
     # -- rows: one function per family --------------------------------------------------------
     def _memory(self, rows: _Rows) -> None:
@@ -141,16 +157,12 @@ class OrderFreeModel:
             terms = {self.h[j, v]: float(costs.mem[v]) for v in range(costs.n) if (j, v) in self.h and costs.mem[v]}
             self.memory_rows.append((rows.add(terms, -math.inf, float(self.budget - own)), own))
 
-    def _interval_memory(self, rows: _Rows, objective: list, lower: list) -> None:
-        """Memory during a computation inside interval i (1 <= i <= M). A result held at t_i and at
-        t_{i+1} (an output: at the end) and not computed in between is held throughout the interval:
-        z[i,u] >= h[i,u] + h[i+1,u] - c[i,u] - 1 (z continuous in [0, 1]). Computing v there holds
-        those, v's inputs, v and its workspace:
-        sum_{u not v, not an input} mem[u] z[i,u] + (mem[v] + workspace[v] + mem of inputs) c[i,v] <= budget.
-        Where c[i,v] = 0 the row is implied by the memory at t_i (z <= h), so it needs no big-M.
-        This is what lets the laid-out optimum fit: the milestones alone do not see the
-        recomputations between them."""
-        costs, m, entries = self.costs, len(self.marks), 0
+    def _held_through(self, rows: _Rows, cols: _Columns) -> None:
+        """z[i,u] (1 <= i <= M): u is held throughout interval i. A result held at t_i and at
+        t_{i+1} (an output: at the end) and not computed in between is:
+        z[i,u] >= h[i,u] + h[i+1,u] - c[i,u] - 1. z appears only with positive bytes in memory rows,
+        so a solution sets it no higher than that (a schedule's point reads it off as that bound)."""
+        costs, m = self.costs, len(self.marks)
         for i in range(1, m + 1):
             for u in range(costs.n):
                 if (i, u) not in self.h:
@@ -158,23 +170,41 @@ class OrderFreeModel:
                 after = self.h.get((i + 1, u)) if i < m else None
                 if i < m and after is None or i == m and not costs.output[u]:
                     continue
-                self.z[i, u] = len(objective)
-                objective.append(0.0)
-                lower.append(0.0)
+                self.z[i, u] = cols.add()
                 terms = {self.z[i, u]: 1.0, self.h[i, u]: -1.0, self.c[i, u]: 1.0}
                 if after is not None:
                     terms[after] = -1.0
                 rows.add(terms, -1.0 if after is not None else 0.0, math.inf)
-            held = [u for u in range(costs.n) if (i, u) in self.z and costs.mem[u]]
+
+    def _interval_memory(self, rows: _Rows, cols: _Columns) -> None:
+        """Memory during a computation inside interval i (1 <= i <= M). Computing v there holds the
+        results held throughout the interval, v's inputs, v and its workspace. As one row per v
+        (sum_{u not v, not an input} mem[u] z[i,u] + own[v] c[i,v] <= budget, own[v] = mem[v] +
+        workspace[v] + its inputs' bytes) this is ~n terms per computation (~n^2 per interval; a
+        1001-node chain's 112 intervals had rows for the first few only). Instead one continuous
+        w[i] >= 0, the most bytes a computation in the interval adds to those held throughout:
+          w[i] >= own[v] c[i,v] - sum_{u input of v} mem[u] z[i,u]   (each v computed there but x_i)
+          sum_u mem[u] z[i,u] + w[i] <= budget.
+        Together they say the same as the per-v rows (an input held throughout is counted once;
+        z[i,v] is 0 where c[i,v] is 1 in a schedule's point), in ~(inputs + 2) terms per v.
+        Valid: a schedule's point sets w[i] to the largest right-hand side (or 0, since what is held
+        throughout the interval is held at t_i and fits). This is what lets the laid-out optimum fit:
+        the milestones alone do not see the recomputations between them."""
+        costs, m = self.costs, len(self.marks)
+        for i in range(1, m + 1):
+            through = {u: self.z[i, u] for u in range(costs.n) if (i, u) in self.z}
+            worst = self.w[i] = cols.add(lower=0.0, upper=math.inf, integer=False)
             for v in range(costs.n):
-                if (i, v) not in self.c or self.marks[i - 1] == v or entries > MAX_INTERVAL_MEMORY_ENTRIES:
+                if (i, v) not in self.c or self.marks[i - 1] == v:
                     continue
-                inputs = set(costs.preds[v])
+                inputs = costs.preds[v]
                 own = costs.mem[v] + costs.workspace[v] + sum(costs.mem[u] for u in inputs)
-                terms = {self.z[i, u]: float(costs.mem[u]) for u in held if u != v and u not in inputs}
-                terms[self.c[i, v]] = float(own)
-                entries += len(terms)
-                self.memory_rows.append((rows.add(terms, -math.inf, float(self.budget)), 0))
+                terms = {worst: 1.0, self.c[i, v]: -float(own)}
+                terms.update({through[u]: float(costs.mem[u]) for u in inputs if u in through and costs.mem[u]})
+                rows.add(terms, 0.0, math.inf)
+            terms = {column: float(costs.mem[u]) for u, column in through.items() if costs.mem[u]}
+            terms[worst] = 1.0
+            self.memory_rows.append((rows.add(terms, -math.inf, float(self.budget)), 0))
 
     def _holding(self, rows: _Rows) -> None:
         """Held at t_j implies computed in interval j-1 or held at t_{j-1}: h[j,v] <= c[j-1,v] + h[j-1,v]."""
@@ -231,28 +261,30 @@ class OrderFreeModel:
             import highspy
         except ImportError as error:
             raise SolverUnavailable(f"orderfree needs highspy (pip install highspy; {error})") from error
-        objective, lower = self._columns()
-        rows = _Rows()
+        cols, rows = _Columns(), _Rows()
+        self._columns(cols)
+        self._held_through(rows, cols)
         for family in (self._memory, self._holding, self._reads, self._coverage, self._pinned_held,
                        self._outputs_held):
             if clock is not None:
                 clock.check(METHOD, "building the order-free model")
             family(rows)
-        self._interval_memory(rows, objective, lower)
+        if self.interval_rows or self.interval_rows is None and len(cols.objective) <= INTERVAL_ROWS_MAX_COLUMNS:
+            self._interval_memory(rows, cols)
         highs = highspy.Highs()
         highs.setOptionValue("output_flag", False)
         highs.setOptionValue("mip_rel_gap", 0.0)
         highs.setOptionValue("mip_abs_gap", 1e-9)
         infinity = highspy.kHighsInf
-        n_cols = len(objective)
-        highs.addCols(n_cols, np.array(objective, dtype=np.float64), np.array(lower, dtype=np.float64),
-                      np.ones(len(objective), dtype=np.float64), 0, np.zeros(0, dtype=np.int32),
-                      np.zeros(0, dtype=np.int32), np.zeros(0, dtype=np.float64))
         clip = lambda values: np.clip(np.array(values, dtype=np.float64), -infinity, infinity)
+        n_cols = len(cols.objective)
+        highs.addCols(n_cols, np.array(cols.objective, dtype=np.float64), clip(cols.lower), clip(cols.upper), 0,
+                      np.zeros(0, dtype=np.int32), np.zeros(0, dtype=np.int32), np.zeros(0, dtype=np.float64))
         highs.addRows(len(rows.starts), clip(rows.lower), clip(rows.upper), len(rows.indices),
                       np.array(rows.starts, dtype=np.int32), np.array(rows.indices, dtype=np.int32),
                       np.array(rows.values, dtype=np.float64))
-        self.integrality = np.full(n_cols, int(highspy.HighsVarType.kInteger), dtype=np.uint8)
+        integer, continuous = int(highspy.HighsVarType.kInteger), int(highspy.HighsVarType.kContinuous)
+        self.integrality = np.array([integer if flag else continuous for flag in cols.integer], dtype=np.uint8)
         self.highs = highs
         return self
 
