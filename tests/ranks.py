@@ -7,14 +7,14 @@ caller, a rank's exception as its traceback in the test's failure.
 :func:`allocated_bound` is :func:`profiler.allocations.allocated_while` made safe for collectives.
 The CPU memory profile records an allocator event on the thread that makes it, and only while that
 thread is profiled: gloo runs a collective on a worker thread (profiled while the collective runs)
-and the work object, which holds the collective's tensors, is released by whichever of that worker
-and the calling thread lets go last. When it is the worker, after the collective, the tensors' free
-is never recorded. Measured (2 gloo ranks, two busy processes on the 2 cores): of 40
-DistributedDataParallel wrappings of the test model, most left the buckets' 202,512 B allocated, some
-202,536, 203,328 or 405,024 B: DDP's flat broadcast copy of the parameters (202,512 B) and an 816 B
-tensor of its parameter-shape check, freed but unrecorded. That is the 1,077,688 B a CI run measured
+and, by our reading of the figures, the work object holding the collective's tensors is released by
+whichever of that worker and the calling thread lets go last; when it is the worker, the tensors'
+free goes unrecorded. Measured (2 gloo ranks, two busy processes on the 2 cores): of 40
+DistributedDataParallel wrappings of the test model, most left the buckets' 202,512 B in the replay,
+the others 202,536, 203,328 or 405,024 B: DDP's flat broadcast copy of the parameters (202,512 B) and
+one of two 816 B tensors it allocates while wrapping, freed but unrecorded. That is the 1,077,688 B a CI run measured
 against a 956,116 B budget (203,328 B over the 874,360 B measured locally). FSDP2's all-gather and
-reduce-scatter buffers go the same way in about half its steps.
+reduce-scatter buffers go the same way (13 and 11 of 20 steps on the two ranks, idle machine).
 
 A missing free only ever makes the replay larger than what was allocated, never smaller (the
 allocations are on the profiled threads). So each window is an upper bound of the truth, made

@@ -1,6 +1,6 @@
 """The planned module composes with torch.compile, DistributedDataParallel and FSDP2.
 
-The distributed tests run 2 processes on the gloo backend (torch.multiprocessing.spawn). Rank 0
+The distributed tests run 2 processes on the gloo backend (tests/ranks.py). Rank 0
 plans and saves the plan; every rank loads it and applies it, then wraps the planned module (plan,
 apply, then wrap). Gradients are compared with the same wrapper around the unplanned model and with
 one process running the unplanned model on the whole batch.
@@ -8,10 +8,7 @@ one process running the unplanned model on the whole batch.
 
 from __future__ import annotations
 
-import json
 import os
-import socket
-import traceback
 
 import pytest
 import torch
@@ -19,9 +16,9 @@ from torch import nn
 
 import planner
 from models import max_relative_error, mlp, training_step
+from ranks import WORLD, run_ranks
 from schedules import recompute_everything, with_schedule
 
-WORLD = 2
 BATCH = 16  # the whole batch; each rank takes BATCH // WORLD rows
 
 
@@ -63,33 +60,18 @@ def _reference_grads(steps: int) -> list[dict[str, torch.Tensor]]:
     return [_step(model, _batch(), optimizer) for _ in range(steps)]
 
 
-def _worker(rank: int, folder: str, port: int) -> None:
+def _work(rank: int, folder: str) -> dict:
     import torch.distributed as dist
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
-    results: dict = {}
-    try:
-        local = _batch()[rank * (BATCH // WORLD):(rank + 1) * (BATCH // WORLD)]
-        path = os.path.join(folder, "plan.json")
-        if rank == 0:  # plan once, for one rank's shapes; every rank loads the same file
-            plan = planner.plan(_model(), (local,), budget="100%", solver="store-all", loss_fn=_loss)
-            with_schedule(plan, recompute_everything(plan.graph)).save(path)
-        dist.barrier()
-        plan = planner.load(path)
-        results["recomputed"] = len(plan.recomputed())
-        results["ddp"] = _ddp(plan, local)
-        results["fsdp"] = _fsdp(plan, local)
-        results["fsdp_submodule"] = _fsdp_submodule_refused(plan, local)
-    except Exception:
-        results["error"] = traceback.format_exc()
-    with open(os.path.join(folder, f"rank{rank}.json"), "w") as file:
-        json.dump(results, file)
-    # Tear down together: a rank that destroys its group while its peer's gloo connection is still
-    # active aborted once in CI ("terminate called without an active exception", SIGABRT).
+    local = _batch()[rank * (BATCH // WORLD):(rank + 1) * (BATCH // WORLD)]
+    path = os.path.join(folder, "plan.json")
+    if rank == 0:  # plan once, for one rank's shapes; every rank loads the same file
+        plan = planner.plan(_model(), (local,), budget="100%", solver="store-all", loss_fn=_loss)
+        with_schedule(plan, recompute_everything(plan.graph)).save(path)
     dist.barrier()
-    dist.destroy_process_group()
+    plan = planner.load(path)
+    return {"recomputed": len(plan.recomputed()), "ddp": _ddp(plan, local), "fsdp": _fsdp(plan, local),
+            "fsdp_submodule": _fsdp_submodule_refused(plan, local)}
 
 
 def _compare(reference: list[dict], unplanned: list[dict], planned: list[dict]) -> dict:
@@ -141,28 +123,9 @@ def _fsdp_submodule_refused(plan, local) -> str:
     return "not refused"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def distributed_results(tmp_path_factory):
-    import torch.distributed as dist
-    import torch.multiprocessing as mp
-
-    if not dist.is_available():
-        pytest.skip("torch was built without torch.distributed")
-    folder = str(tmp_path_factory.mktemp("distributed"))
-    mp.spawn(_worker, args=(folder, _free_port()), nprocs=WORLD, join=True)
-    results = []
-    for rank in range(WORLD):
-        with open(os.path.join(folder, f"rank{rank}.json")) as file:
-            results.append(json.load(file))
-    for rank, result in enumerate(results):
-        assert "error" not in result, f"rank {rank}:\n{result['error']}"
-    return results
+    return run_ranks(_work, str(tmp_path_factory.mktemp("distributed")))
 
 
 def test_ddp_with_a_plan_saved_on_rank_0(distributed_results):
