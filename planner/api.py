@@ -200,6 +200,11 @@ def _plan_native(model, example_inputs, parsed, loss_fn, time_limit, granularity
         return plan_native(model, example_inputs, parsed, loss_fn=loss_fn, time_limit=time_limit,
                            granularity=granularity, profile=profile, distributed=distributed)
     except profiler.TraceError as error:
+        if distributed is not None:  # the fallback's measured blocks know nothing of the wrapper
+            raise SolverError(f"distributed={distributed!r} is counted by native plans, and this model's step "
+                              f"cannot be traced ({error.reason}): its fallback plan (whole blocks checkpointed, "
+                              "measured in this process) would not count the wrapper; plan without distributed= "
+                              "and a budget that leaves the wrapper's memory free") from None
         return plan_untraceable(model, example_inputs, parsed, loss_fn=loss_fn, reason=error.reason)
     except BudgetInfeasible:
         raise

@@ -218,3 +218,11 @@ def test_distributed_mistakes_are_named():
         wrapper_bytes(model, "fsdp2")  # no process group in this process
     with pytest.raises(planner.SolverError, match="not accounted for"):
         planner.plan(model, (torch.randn(2, 32),), distributed="zero3")
+
+
+def test_distributed_on_an_untraceable_model_is_refused_not_ignored():
+    """The fallback plan (whole blocks, measured in this process) cannot count a wrapper: refused."""
+    from test_models import UNTRACEABLE_INPUTS, Untraceable
+
+    with pytest.raises(planner.SolverError, match="would not count the wrapper"):
+        planner.plan(Untraceable(), UNTRACEABLE_INPUTS, budget="90%", distributed="ddp")
