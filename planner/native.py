@@ -231,9 +231,11 @@ def fsdp2_bytes(model: torch.nn.Module, spec: FSDP2, regions=()) -> int:
       the unit it runs and prefetches the one before (FSDP2's default prefetch); one more when a
       region holds several units, whose recomputation runs their forward hooks and gathers each
       again beside those two;
-    - one unit's collective buffers on top: the all-gather's output beside the copied-out
-      parameters (one gathered unit) and its input (one shard), or the reduce-scatter's input (the
-      unit's gradients, flat) and output (a shard), whichever is larger: the same here.
+    - collective buffers, each counted as the largest group's (a unit's or the root's gathered
+      parameters): an all-gather's output beside the parameters copied out of it and its input (one
+      shard), and a reduce-scatter's flat input, which FSDP2 keeps until the next unit's
+      reduce-scatter (``reduce_scatter_states``): the backward prefetches the unit before while the
+      input of the unit after is still held.
 
     Gradients: a unit's backward makes whole gradients, reduce-scatters them and keeps a shard. At
     any moment that is at most what the unsharded step holds (whole gradients of the same
@@ -259,7 +261,8 @@ def fsdp2_bytes(model: torch.nn.Module, spec: FSDP2, regions=()) -> int:
         gathered[unit] = gathered.get(unit, 0) + world * _sharded_bytes(p, world)
     root = gathered.pop("", 0)
     largest = max(gathered.values(), default=0)
-    collectives = largest + -(-largest // world)
+    buffer = max(largest, root)
+    collectives = 2 * buffer + -(-buffer // world)
     spanning = any(_units_inside(region, units) > 1 for region in regions)
     return shards + root + (GATHERED_UNITS + spanning) * largest + collectives - whole
 

@@ -188,11 +188,15 @@ def test_fsdp2_bytes_by_hand():
     unit = (6 * 4 + 6) * 4
     root = (3 * 6 + 3) * 4
     whole = 2 * unit + root
-    # shards, the root gathered, two units gathered, one unit's all-gather output and input shard
-    expected = whole // 3 + root + 2 * unit + (unit + unit // 3) - whole
+    # shards, the root gathered, two units gathered, an all-gather's output and input shard and a
+    # reduce-scatter's input, each of the largest group (a unit here)
+    expected = whole // 3 + root + 2 * unit + (2 * unit + unit // 3) - whole
     assert fsdp2_bytes(model, spec) == expected
     assert fsdp2_bytes(model, spec, ("0", "1@matmuls", "2")) == expected  # one unit per region
     assert fsdp2_bytes(model, spec, ("[0:2]",)) == expected + unit  # a region of two units: one more
+    # One unit: the root's group (the other two Linears) is larger, and sizes the buffers.
+    rest = unit + root
+    assert fsdp2_bytes(model, FSDP2(world_size=3, units=("0",))) == whole // 3 + rest + 2 * unit + 2 * rest + rest // 3 - whole
     assert fsdp2_bytes(model, FSDP2(world_size=3)) == fsdp2_bytes(model, FSDP2(world_size=3, units=("0", "1", "2")))
 
 
@@ -202,7 +206,7 @@ def test_fsdp2_pads_shards():
     # 5 rows on 2 ranks: shards of 3 rows; a gathered unit is 6 rows (the padding travels).
     shards = 3 * 4 * 4 + 3 * 5 * 4
     largest = 6 * 5 * 4
-    expected = shards + 2 * largest + largest + largest // 2 - (5 * 4 + 5 * 5) * 4
+    expected = shards + 2 * largest + 2 * largest + largest // 2 - (5 * 4 + 5 * 5) * 4
     assert fsdp2_bytes(model, FSDP2(world_size=2, units=("0", "1"))) == expected
 
 
