@@ -153,7 +153,12 @@ class RecomputedBatchNorm:
     def __call__(self, *args, **kwargs):
         module = self.module
         original = type(module).forward.__get__(module)
-        if not (module.training and module.track_running_stats) or torch._C._current_graph_task_id() == -1:
+        # Under torch.compile the checkpoint is a higher-order op: AOTAutograd applies the running
+        # statistics' update once, in the forward graph, and its recomputation never repeats it
+        # (and dynamo cannot trace the graph-task query below: it broke every compiled region).
+        if torch.compiler.is_compiling() or not (module.training and module.track_running_stats):
+            return original(*args, **kwargs)
+        if torch._C._current_graph_task_id() == -1:
             return original(*args, **kwargs)
         names = [n for n in ("running_mean", "running_var", "num_batches_tracked") if getattr(module, n) is not None]
         kept = {n: getattr(module, n) for n in names}
@@ -297,6 +302,10 @@ def input_shapes(args: tuple, kwargs: dict) -> dict[str, tuple[int, ...]]:
     return {pytree.keystr(path): tuple(leaf.shape) for path, leaf in leaves if isinstance(leaf, torch.Tensor)}
 
 
+# Run eagerly under torch.compile: dynamo cannot trace pytree's path iteration, and a failed trace of
+# this hook made it skip the model's whole forward (7 graphs and eager regions on a GPT-2 instead of
+# one graph). Disabled, the check is one graph break before the forward and runs on every call.
+@torch.compiler.disable
 def _check_shapes(module: torch.nn.Module, args: tuple, kwargs: dict):
     guard = module.__dict__.get(_GUARD)
     if guard is not None and torch.is_grad_enabled():
