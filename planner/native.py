@@ -145,7 +145,8 @@ GATHERED_UNITS = 2
 class FSDP2:
     """Per-block FSDP2: ``torch.distributed.fsdp.fully_shard`` on each module of ``units`` (paths in
     the model), then on the root, over ``world_size`` ranks, with its default
-    ``reshard_after_forward=True``. ``units=None``: the repeated blocks (:func:`repeated_blocks`).
+    ``reshard_after_forward=True``. ``units=None``: the repeated blocks (:func:`repeated_blocks`);
+    ``units=()``: ``fully_shard`` on the root alone, whose parameters stay gathered all step.
     ``distributed="fsdp2"`` is ``FSDP2(world_size=<the initialised process group's>)``."""
 
     world_size: int
@@ -226,7 +227,8 @@ def fsdp2_bytes(model: torch.nn.Module, spec: FSDP2, regions=()) -> int:
       whole parameter;
     - the parameters not in any unit (the root's group) gathered for the whole step: the root does
       not reshard after forward;
-    - at most :data:`GATHERED_UNITS` units' gathered parameters at once, each counted as the largest
+    - at most :data:`GATHERED_UNITS` units' gathered parameters at once (or as many as there are),
+      each counted as the largest
       unit's (padded: ``world_size`` shards): after forward each unit reshards; the backward gathers
       the unit it runs and prefetches the one before (FSDP2's default prefetch); one more when a
       region holds several units, whose recomputation runs their forward hooks and gathers each
@@ -235,7 +237,7 @@ def fsdp2_bytes(model: torch.nn.Module, spec: FSDP2, regions=()) -> int:
       parameters): an all-gather's output beside the parameters copied out of it and its input (one
       shard), and a reduce-scatter's flat input, which FSDP2 keeps until the next unit's
       reduce-scatter (``reduce_scatter_states``): the backward prefetches the unit before while the
-      input of the unit after is still held.
+      input of the unit after is still held (with two units or more; else one buffer at a time).
 
     Gradients: a unit's backward makes whole gradients, reduce-scatters them and keeps a shard. At
     any moment that is at most what the unsharded step holds (whole gradients of the same
@@ -261,10 +263,12 @@ def fsdp2_bytes(model: torch.nn.Module, spec: FSDP2, regions=()) -> int:
         gathered[unit] = gathered.get(unit, 0) + world * _sharded_bytes(p, world)
     root = gathered.pop("", 0)
     largest = max(gathered.values(), default=0)
-    buffer = max(largest, root)
-    collectives = 2 * buffer + -(-buffer // world)
     spanning = any(_units_inside(region, units) > 1 for region in regions)
-    return shards + root + (GATHERED_UNITS + spanning) * largest + collectives - whole
+    at_once = min(GATHERED_UNITS + spanning, len(gathered))
+    buffer = max(largest, root)
+    # An all-gather beside a held reduce-scatter input needs two units; otherwise one buffer at a time.
+    collectives = (2 if len(gathered) >= 2 else 1) * buffer + -(-buffer // world)
+    return shards + root + at_once * largest + collectives - whole
 
 
 def wrapper_bytes(model: torch.nn.Module, distributed, regions=()) -> int:
@@ -293,8 +297,8 @@ def refuse_wrapped(model: torch.nn.Module) -> None:
     from torch.nn.parallel import DistributedDataParallel
 
     if isinstance(model, DistributedDataParallel):
-        raise ValueError("the model is wrapped in DistributedDataParallel: plan and apply on the module inside "
-                         "(plan(ddp.module, ...)), or better before wrapping, then wrap it")
+        raise ValueError("the model is wrapped in DistributedDataParallel: plan and apply the plan on the model "
+                         "before wrapping it (ddp.module here), with distributed='ddp' to count the buckets")
     try:
         from torch.distributed.fsdp import FSDPModule
     except ImportError:  # torch without distributed

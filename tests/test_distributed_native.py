@@ -193,10 +193,14 @@ def test_fsdp2_bytes_by_hand():
     expected = whole // 3 + root + 2 * unit + (2 * unit + unit // 3) - whole
     assert fsdp2_bytes(model, spec) == expected
     assert fsdp2_bytes(model, spec, ("0", "1@matmuls", "2")) == expected  # one unit per region
-    assert fsdp2_bytes(model, spec, ("[0:2]",)) == expected + unit  # a region of two units: one more
-    # One unit: the root's group (the other two Linears) is larger, and sizes the buffers.
+    assert fsdp2_bytes(model, spec, ("[0:2]",)) == expected  # never more units gathered than there are
+    three = nn.Sequential(*[nn.Linear(4, 4) for _ in range(3)])  # three units of 80 B, no root group
+    assert fsdp2_bytes(three, FSDP2(world_size=2), ("[0:2]",)) == fsdp2_bytes(three, FSDP2(world_size=2)) + 80
+    # One unit: one gathered at a time, and one buffer, of the root's group (the other two Linears).
     rest = unit + root
-    assert fsdp2_bytes(model, FSDP2(world_size=3, units=("0",))) == whole // 3 + rest + 2 * unit + 2 * rest + rest // 3 - whole
+    assert fsdp2_bytes(model, FSDP2(world_size=3, units=("0",))) == whole // 3 + rest + unit + rest + rest // 3 - whole
+    # fully_shard on the root alone: everything gathered all step, beside the shards.
+    assert fsdp2_bytes(model, FSDP2(world_size=3, units=())) == whole // 3 + whole + whole + whole // 3 - whole
     assert fsdp2_bytes(model, FSDP2(world_size=3)) == fsdp2_bytes(model, FSDP2(world_size=3, units=("0", "1", "2")))
 
 
