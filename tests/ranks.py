@@ -25,6 +25,7 @@ the same truth, so the least of the bounds is a bound too.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import socket
@@ -132,3 +133,31 @@ def least_bound(step: Callable[[], object], repeats: int = 3,
             between()
         bounds.append(allocated_bound(step))
     return min(b[0] for b in bounds), min(b[1] for b in bounds)
+
+
+def rank_peak(build: Callable[[], object], forward_backward: Callable[[object], object]) -> int:
+    """One rank's peak over a training step, in bytes, beyond what existed before (the batch, made
+    by the caller, is not in it): what ``build()`` (the model, its plan, the wrapper) and two
+    warm-up steps leave allocated (parameters or their shards, DDP's buckets, rebuilt at the second
+    forward, FSDP2's lazily initialised state), plus the most one more ``forward_backward(module)``
+    allocates on top. Each part is the least of three upper bounds (:func:`least_bound`); each step
+    starts without gradients, as a plan's measurement does."""
+    holder: dict = {}
+
+    def step():
+        forward_backward(holder["module"])
+
+    def build_and_warm():
+        holder["module"] = build()
+        for _ in range(2):
+            holder["module"].zero_grad(set_to_none=True)
+            step()
+        holder["module"].zero_grad(set_to_none=True)
+
+    def drop():  # the last build's memory is freed unmeasured, cycles included
+        holder.clear()
+        gc.collect()
+
+    _, held = least_bound(build_and_warm, between=drop)
+    step_peak, _ = least_bound(step, between=lambda: holder["module"].zero_grad(set_to_none=True))
+    return held + step_peak

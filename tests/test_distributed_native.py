@@ -9,7 +9,6 @@ some collectives' buffers on a thread the CPU memory profile does not record).
 
 from __future__ import annotations
 
-import gc
 import os
 from collections.abc import Callable
 
@@ -20,7 +19,7 @@ from torch import nn
 import planner
 from models import ResidualBlock
 from planner.native import FSDP2, fsdp2_bytes, wrapper_bytes
-from ranks import WORLD, least_bound, run_ranks
+from ranks import WORLD, rank_peak, run_ranks
 
 LOCAL_BATCH = 128
 STEPS = 3
@@ -65,31 +64,9 @@ def _max_difference(a: list[dict], b: list[dict]) -> float:
 
 
 def _peak(build: Callable[[], nn.Module], rank: int) -> int:
-    """One rank's peak over a training step, in bytes: what building (the model, its plan, the
-    wrapper) and two warm-up steps leave allocated (parameters or their shards, DDP's buckets,
-    rebuilt at the second forward, FSDP2's lazily initialised state), plus the most one more step
-    allocates on top, plus the batch. Each part is the least of three upper bounds (tests/ranks.py);
-    the step starts without gradients, as the plan's measurement does."""
+    """One rank's peak over a training step on its first batch, the batch included (bytes)."""
     batch = _local_batch(rank, 0)
-    holder: dict = {}
-
-    def forward_backward():
-        _loss(holder["module"](batch)).backward()
-
-    def build_and_warm():
-        holder["module"] = build()
-        for _ in range(2):
-            holder["module"].zero_grad(set_to_none=True)
-            forward_backward()
-        holder["module"].zero_grad(set_to_none=True)
-
-    def drop():  # the last build's memory is freed unmeasured, cycles included
-        holder.clear()
-        gc.collect()
-
-    _, held = least_bound(build_and_warm, between=drop)
-    step_peak, _ = least_bound(forward_backward, between=lambda: holder["module"].zero_grad(set_to_none=True))
-    return batch.numel() * batch.element_size() + held + step_peak
+    return batch.numel() * batch.element_size() + rank_peak(build, lambda module: _loss(module(batch)).backward())
 
 
 def _ddp(rank: int, plan) -> dict:
