@@ -54,7 +54,7 @@ Its optimum laid out interval by interval (``x_i``, then interval ``i``'s other 
 topological order, frees at last use) is a valid schedule; it usually fits the budget. When it
 overshoots by ``d`` bytes, the MILP is solved again at the budget minus ``d`` (a few times). The
 re-solves are other solutions at the budget (no-good cuts), then smaller budgets; on models above
-50k columns only smaller budgets, 1.25x the overshoot below (``LARGE_REPAIR``). The status is
+130k columns only smaller budgets, 1.25x the overshoot below (``LARGE_REPAIR``). The status is
 ``optimal`` only when the schedule's cost meets the bound of the true budget; otherwise
 the best of the layout and the fast heuristics (dp, chen-greedy) is returned, ``feasible``, with the
 bound's gap. An infeasible relaxation proves that no schedule fits the budget.

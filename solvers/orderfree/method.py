@@ -32,12 +32,17 @@ FIRST_SOLVE_SHARE = 0.85
 # The MIP start and the repairs' re-solves only for models this small. Measured on the 1001-node
 # skip graph (168k columns): with a start its MILP spent 72 s in its root LP, past a 5 s limit and
 # deaf to cancelling (without, 2.5 s); a re-solve after a no-good cut, 70 s. On the 163-node GPT-2
-# graph (18.8k columns) the start is what makes the layout fit.
-START_MAX_COLUMNS = 50_000
-# Above this many nodes dp runs after the relaxation, and only where nothing is proven: on the
-# 1001-node chain it took 16 s of a 9 s share (its first chain view always runs), and on models
-# above START_MAX_COLUMNS its schedule is no MIP start, only a fallback; chen-greedy takes ~1 s.
-UPFRONT_DP_MAX_NODES = 500
+# graph (18.8k columns) the start is what makes the layout fit; on the 595-node 48-layer GPT-2
+# graph (123k columns) too: started from dp's schedule its incumbent laid out at +21.2% within the
+# budget after 40 s, without it at +52% (dp's +22.4% stood, 1.3% from the bound); the 501-node
+# skip graph of tests/test_orderfree.py (126k columns) kept its limits with a start (4-6 s of 5 s).
+START_MAX_COLUMNS = 130_000
+# dp runs first only on graphs whose chain views have at most this many stages (dp's COARSE_STAGES);
+# elsewhere after the relaxation, and only where no layout fits. On the 1001-node chain (one view
+# of 500 stages) it took 16 s of a 9 s share (its first view always runs), and on models above
+# START_MAX_COLUMNS its schedule is no MIP start, only a fallback; chen-greedy takes ~1 s. On the
+# 595-node 48-layer GPT-2 graph (views of 57 stages and fewer) it takes 0.4 s and is the best start.
+QUICK_DP_STAGES = 100
 
 
 @dataclass(frozen=True)
@@ -101,7 +106,7 @@ def solve_orderfree(graph, budget: int, time_limit: float | None = None) -> Sche
         return store_all.with_info(method=METHOD, status=OPTIMAL, gap=0.0, lower_bound=float(sum(costs.cost)),
                                    message="store-all fits the budget")
     # The fast heuristics first: their schedules stand when the MILP runs out of time.
-    upfront = ("dp", "chen-greedy") if costs.n <= UPFRONT_DP_MAX_NODES else ("chen-greedy",)
+    upfront = ("dp", "chen-greedy") if _quick_dp(graph) else ("chen-greedy",)
     search = _Search(graph, costs, budget, clock, _fallbacks(graph, budget, clock, upfront, HEURISTIC_SHARE))
     _solve_relaxation(search)
     bound = _bound(search)
@@ -124,6 +129,14 @@ def solve_orderfree(graph, budget: int, time_limit: float | None = None) -> Sche
     if not search.found:
         raise _nothing_found(search, outcome.peak_bytes)
     return _reported(search, bound)
+
+
+def _quick_dp(graph) -> bool:
+    """Whether dp plans this graph in about a second: every chain view has at most
+    ``QUICK_DP_STAGES`` stages (building the views takes ~0.1 s at 1001 nodes)."""
+    from ..chain import chain_views
+
+    return all(view.length <= QUICK_DP_STAGES for view in chain_views(graph))
 
 
 def _solve_relaxation(search: _Search) -> None:
