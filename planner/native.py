@@ -55,6 +55,8 @@ class NativePlan(Plan):
     input_shapes: dict = field(default_factory=dict)  # input (pytree key) -> planned shape
     measured_peak_bytes: int | None = None
     measured_seconds: float | None = None
+    distributed: str | None = None  # the wrapper counted (describe_distributed), None for none
+    wrapper_bytes: int = 0  # what it changes per device against the unwrapped step (may be negative)
 
     @property
     def executor(self) -> str:
@@ -71,6 +73,10 @@ class NativePlan(Plan):
             f"Predicted peak:    {format_bytes(self.predicted_peak_bytes)}, without checkpointing "
             f"{format_bytes(self.unplanned_peak_bytes)} ({saving:.1%} less)",
         ]
+        if self.distributed:
+            sign = "+" if self.wrapper_bytes >= 0 else "-"
+            lines.append(f"Distributed:       {self.distributed}: {sign}{format_bytes(abs(self.wrapper_bytes))} per device "
+                         "against the unwrapped step, in the budget, the prediction and the measured peak")
         if self.measured_peak_bytes is not None:
             lines.append(f"Measured peak:     {format_bytes(self.measured_peak_bytes)} (one step on the example inputs)")
         lines += [
@@ -88,6 +94,8 @@ class NativePlan(Plan):
         data["input_shapes"] = {k: list(v) for k, v in self.input_shapes.items()}
         data["measured_peak_bytes"] = self.measured_peak_bytes
         data["measured_seconds"] = self.measured_seconds
+        data["distributed"] = self.distributed
+        data["wrapper_bytes"] = self.wrapper_bytes
         return data
 
     @classmethod
@@ -103,12 +111,18 @@ class NativePlan(Plan):
             seconds = data.get("measured_seconds")
             if seconds is not None and (isinstance(seconds, bool) or not isinstance(seconds, (int, float))):
                 raise TypeError(f"measured_seconds is {type(seconds).__name__}, not a number")
+            distributed = data.get("distributed")  # absent from plans made before it was recorded
+            distributed = None if distributed is None else _text(distributed)
+            wrapper = data.get("wrapper_bytes", 0)
+            if isinstance(wrapper, bool) or not isinstance(wrapper, int):
+                raise TypeError(f"wrapper_bytes is {type(wrapper).__name__}, not a whole number")
         except (KeyError, TypeError, ValueError) as error:
             raise PlanFileError(f"{source} is not a valid plan: {type(error).__name__}: {error}") from None
         plain = Plan.from_dict({**data, "format": PLAN_FORMAT}, source)
         fields_ = {name: getattr(plain, name) for name in Plan.__dataclass_fields__}
         return cls(**fields_, regions=regions, input_shapes=shapes, measured_peak_bytes=measured,
-                   measured_seconds=None if seconds is None else float(seconds))
+                   measured_seconds=None if seconds is None else float(seconds), distributed=distributed,
+                   wrapper_bytes=wrapper)
 
 
 def sequential_containers(model: torch.nn.Module) -> dict[str, int]:
@@ -271,6 +285,16 @@ def fsdp2_bytes(model: torch.nn.Module, spec: FSDP2, regions=()) -> int:
     return shards + root + at_once * largest + collectives - whole
 
 
+def describe_distributed(model: torch.nn.Module, distributed) -> str | None:
+    """``distributed`` as a plan records it: ``"ddp"``, or ``"fsdp2"`` with its world size and units."""
+    if distributed is None or distributed == "ddp":
+        return distributed
+    spec = _resolve_fsdp2(model, distributed)
+    units = repeated_blocks(model) if spec.units is None else tuple(spec.units)
+    shown = ", ".join(units[:4]) + (f" and {len(units) - 4} more" if len(units) > 4 else "")
+    return f"fsdp2, {spec.world_size} ranks, units {shown or 'none (the root alone)'}"
+
+
 def wrapper_bytes(model: torch.nn.Module, distributed, regions=()) -> int:
     """Bytes a distributed wrapper changes on each device against the step the profile traced.
 
@@ -417,6 +441,8 @@ def plan_native(model: torch.nn.Module, example_inputs, budget: Budget, loss_fn=
             "executor='traced'", min_budget=measured.peak_bytes, method=METHOD)
     plan = _native_plan(model, profile, solved, held, budget, budget_bytes, unplanned_peak,
                         unplanned.outcome.compute_cost, measured, solving)
+    plan.distributed = describe_distributed(model, distributed)
+    plan.wrapper_bytes = wrapper_bytes(model, distributed, solved.regions)
     _check_times(plan)
     plan.input_shapes = input_shapes(*normalise_inputs(example_inputs))
     return plan

@@ -116,7 +116,8 @@ def _work(rank: int, folder: str) -> dict:
     plans = {name: planner.load(path) for name, path in paths.items()}
     return {
         "plans": {name: {"regions": list(p.regions), "budget": p.budget_bytes, "predicted": p.predicted_peak_bytes,
-                         "measured": p.measured_peak_bytes, "unplanned": p.unplanned_peak_bytes}
+                         "measured": p.measured_peak_bytes, "unplanned": p.unplanned_peak_bytes,
+                         "distributed": p.distributed, "wrapper_bytes": p.wrapper_bytes, "summary": p.summary()}
                   for name, p in plans.items()},
         "ddp": _ddp(rank, plans["ddp"]),
         "fsdp2": _fsdp_per_block(rank, plans["fsdp2"]),
@@ -148,6 +149,12 @@ def test_fsdp2_per_block_counts_its_shards_and_trains_as_the_unplanned_model(res
         assert fsdp2["difference"] <= 1e-6  # sharded reductions may round differently
         assert fsdp2["peak"] <= plan["budget"], result
         assert fsdp2["peak"] <= plan["predicted"], result  # fsdp2_bytes is an upper bound
+        # The saved plan says what it counted.
+        assert plan["distributed"] == "fsdp2, 2 ranks, units 0, 1, 2, 3 and 2 more", plan["distributed"]
+        assert plan["wrapper_bytes"] == fsdp2_bytes(_model(), FSDP2(WORLD), plan["regions"])
+        assert "Distributed:       fsdp2, 2 ranks" in plan["summary"]
+        assert result["plans"]["ddp"]["distributed"] == "ddp"
+        assert result["plans"]["ddp"]["wrapper_bytes"] == wrapper_bytes(_model(), "ddp")
 
 
 def test_fsdp2_sharded_before_planning_is_refused_clearly(results):
