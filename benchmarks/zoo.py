@@ -466,8 +466,9 @@ CASES = [
     Case("electra", "encoder", _masked_lm("ElectraConfig", embedding_size=16, **_BERT_LIKE),
          native_xfail=_LAST_LAYER, native_xfail_strict=False),
     Case("deberta-v2", "encoder", _masked_lm("DebertaV2Config", **_BERT_LIKE),
-         native_infeasible=_refused("a near miss: the least set of regions is 0.03% above 50% of eager (predicted; "
-                                    "measured over the budget too, so the planner refuses)", "50%")),
+         native_xfail=("a near miss at 50%: in one run the least set of regions was 0.03% above the budget (predicted, "
+                       "and measured over it, so refused: 2,984,324 B least), in another a plan measured 2.816 MiB "
+                       "within 2.845 MiB; which, depends on the measured op times"), native_xfail_strict=False),
     # encoder-decoders
     Case("t5", "encoder-decoder", _seq2seq("T5Config", d_model=32, d_kv=8, d_ff=256, num_layers=4, num_heads=4,
                                            dropout_rate=0.1, decoder_start_token_id=0, pad_token_id=0),
