@@ -29,7 +29,7 @@ from solvers.orderfree import (
     order_free_bound,
 )
 from solvers.orderfree.model import MAX_COLUMNS
-from solvers.orderfree.method import LARGE_REPAIR, _checked, _laid_out, schedule_point
+from solvers.orderfree.method import LARGE_REPAIR, _checked, _laid_out, _quick_dp, schedule_point
 
 
 def property_cases(count: int, max_nodes: int, seed: int = 0):
@@ -262,3 +262,10 @@ def test_a_large_model_s_overshooting_layout_is_repaired_at_a_smaller_budget():
     outcome = simulate(graph, schedule)
     assert outcome.valid and outcome.peak_bytes == peak <= budget and outcome.compute_cost == cost
     assert cost >= first.bound and "bytes, laid out" in source
+
+
+def test_dp_runs_first_only_where_its_chain_views_are_short():
+    # dp's first chain view always runs: on the 1001-node chain (one view of 500 stages) it took
+    # 16 s of a 9 s share, so there it runs only after the relaxation, where no layout fits.
+    assert _quick_dp(training_graph(50, seed=1))
+    assert not _quick_dp(training_graph(150, seed=1))
