@@ -247,11 +247,25 @@ def apply_native_plan(model: torch.nn.Module, plan) -> torch.nn.Module:
     from .chain import module_fingerprint  # chain imports module, which this file's import needs first
 
     remove_native(model)
+    sharded = _fsdp2_units(model)
+    if sharded:
+        raise PlanMismatch(
+            f"this model is already sharded by FSDP2 (fully_shard on {sharded[0] or 'the root'!r}): apply the plan to the "
+            "unsharded model first, then call fully_shard on its blocks and its root (docs/native.md, 'Several processes')")
     if module_fingerprint(model, plan.regions) != plan.fingerprint:
         raise PlanMismatch(
             f"this plan was made for a different model ({plan.model or 'unknown class'}; this is "
             f"{type(model).__name__}, or its parameters or buffers differ in names, shapes or dtypes): make a new plan")
     return apply_native(model, plan.regions, plan.input_shapes)
+
+
+def _fsdp2_units(model: torch.nn.Module) -> list[str]:
+    """Paths of the modules FSDP2's ``fully_shard`` has wrapped (their class became an FSDPModule)."""
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:  # a build without torch.distributed
+        return []
+    return [name for name, m in model.named_modules() if isinstance(m, FSDPModule)]
 
 
 def remove_native(model: torch.nn.Module) -> torch.nn.Module:

@@ -162,7 +162,8 @@ def test_fsdp2_sharded_before_planning_is_refused_clearly(results):
         refusals = result["fsdp2"]["refusals"]
         assert refusals["plan"].startswith("ValueError") and "plan and apply the plan on the unsharded model first" \
             in refusals["plan"], refusals
-        assert refusals["apply"].startswith("PlanMismatch") and "FSDP" in refusals["apply"], refusals
+        assert refusals["apply"].startswith("PlanMismatch") and "apply the plan to the unsharded model first" \
+            in refusals["apply"], refusals
 
 
 # -- the accounting alone, no ranks ----------------------------------------------------------------
