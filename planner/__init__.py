@@ -12,7 +12,8 @@ import importlib
 # Imported on first use: the command line parses its arguments and budget, and reports mistakes in
 # them, without paying for torch.
 _EXPORTS = {
-    "BudgetInfeasible": ".api", "EXECUTORS": ".api", "FallbackWarning": ".api", "NativePlan": ".native",
+    "BudgetInfeasible": ".api", "EXECUTORS": ".api", "FallbackWarning": ".api", "FSDP2": ".native",
+    "NativePlan": ".native",
     "SolverError": ".api", "apply": ".api",
     "checkpoint": ".api", "load": ".api", "plan": ".api", "plan_from_profile": ".api", "plan_untraceable": ".api",
     "ACCEPTED_FORMS": ".budget", "Budget": ".budget", "BudgetError": ".budget", "format_bytes": ".budget",
@@ -38,6 +39,7 @@ __all__ = [
     "BudgetError",
     "BudgetInfeasible",
     "EXECUTORS",
+    "FSDP2",
     "FallbackWarning",
     "NativePlan",
     "Plan",

@@ -33,7 +33,7 @@ class CachedTimes:
 
 
 class TimesCache(Protocol):
-    """Keeps measured times between profiles of the same trace (planner.profilecache has one on
+    """Keeps measured times between profiles of the same trace (planner.sweep.profilecache has one on
     disk). ``load`` returns None when it has nothing under ``key``."""
 
     def load(self, key: str) -> CachedTimes | None: ...
@@ -54,7 +54,7 @@ class Profile:
     seconds: float
     # What finer() returns: filled by its first call (the planner asks for the finer groupings more
     # than once per plan, and each is a new cost graph), or carried over by a profile rebuilt from
-    # plain data without its trace (planner/sweeptasks.py).
+    # plain data without its trace (planner/sweep/tasks.py).
     finer_profiles: tuple[Profile, ...] | None = None
 
     @property
