@@ -643,8 +643,10 @@ def run_case(case: Case, budgets=BUDGETS, executor: str = "traced") -> list[Row]
                 raise
             if refusal is None:  # an undeclared native refusal: a failing row, the other budget still runs
                 refusal = ("", int(getattr(error, "min_budget", 0) or 0))
-            rows.append(_infeasible_row(case, budget, profile is not None, *refusal, time.perf_counter() - started,
-                                        executor))
+            row = _infeasible_row(case, budget, profile is not None, *refusal, time.perf_counter() - started, executor)
+            if executor == "native":  # the base of "N%", as the planner measured it: the least as a share of it
+                row.unplanned_bytes = profiler.measure_step(model, inputs, loss_fn=loss_fn, repeats=1).peak_bytes
+            rows.append(row)
             started = time.perf_counter()
             continue
         planned = planner.apply(model, plan)
@@ -737,10 +739,13 @@ def table(rows: list[Row]) -> str:
         blank = " |" if native else ""
         if row.refused:
             least = f"least {_mib(row.min_budget_bytes)}" if row.min_budget_bytes > 0 else "proven by a bound"
+            if row.min_budget_bytes > 0 and row.unplanned_bytes > 0:
+                least += f" ({row.min_budget_bytes / row.unplanned_bytes:.1%} of eager)"
+            base = _mib(row.unplanned_bytes) if row.unplanned_bytes > 0 else ""
             verdict = "refused" if row.executor == "native" else "infeasible"
             verdict = f"{verdict} (expected): {row.infeasible_reason}" if not problems else "FAIL: " + "; ".join(problems)
             lines.append(f"| {row.case} | {row.plan_kind} | {row.budget_text} | "
-                         f"out of reach: {least} | | | | |{blank} | {row.seconds:.1f} | {verdict} |")
+                         f"out of reach: {least} | | | | {base} |{blank} | {row.seconds:.1f} | {verdict} |")
             continue
         checkpointed = f" {_regions(row)} |" if native else ""
         lines.append(

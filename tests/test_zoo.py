@@ -116,10 +116,11 @@ def test_each_failure_is_named(changes, found):
 
 
 def test_a_declared_refusal_passes_and_the_table_names_its_least_budget():
-    row = _row(refused=True, infeasible_reason="the cache", min_budget_bytes=3 * 2**20)
+    row = _row(refused=True, infeasible_reason="the cache", min_budget_bytes=3 * 2**20, unplanned_bytes=4 * 2**20)
     assert failures(row) == []
     line = table([row]).splitlines()[-1]
-    assert "out of reach: least 3.000" in line and "refused (expected): the cache" in line
+    assert "out of reach: least 3.000 (75.0% of eager)" in line and "refused (expected): the cache" in line
+    assert "| 4.000 |" in line
     # A native table has a column for the regions: every line has as many cells as the header.
     lines = table([row, _row()]).splitlines()
     assert len({line.count("|") for line in lines}) == 1
