@@ -166,7 +166,7 @@ def profile(
     (default: the sum of the output's floating-point tensors). ``granularity``: ``"module"``
     (default: the finest module depth giving at most ~300 nodes), ``"module:N"`` or ``N`` (module
     paths cut at N levels), or ``"op"``.
-    Costs are medians of ``repeats`` measured runs, after one warm-up run. Model, buffers and RNG are
+    Costs are the least of ``repeats`` measured runs (robust to load), after one warm-up run. Model, buffers and RNG are
     left as they were.
 
     ``fuse_loss=False`` profiles the cross-entropy backward as eager autograd runs it (see

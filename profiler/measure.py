@@ -1,7 +1,10 @@
 """Measure what each op of the joint graph costs on the model's device.
 
 The graph is run a few times as a whole, op by op, with real tensors (a real training step each time,
-so caches are as warm as in training), and each op's time is the median over the runs. On a GPU
+so caches are as warm as in training), and each op's time is the least over the runs: another
+process's load only ever adds to an op's time, so the least is the sample it disturbed least (with
+medians, two profiles of a 6-layer GPT-2 on a loaded 2-core machine chose different regions at 2 of
+3 budgets; with the least, the same at all 3). On a GPU
 every op is bracketed by CUDA events; on CPU by the wall clock. The RNG is reset before each run, so
 every run draws the same numbers, and restored afterwards. Buffer mutations (``copy_`` into a
 buffer) are not executed: measuring must not change the model.
@@ -26,7 +29,7 @@ CUDA_BLOCK_BYTES = 512
 
 @dataclass(frozen=True)
 class OpTimes:
-    seconds: dict[str, float]  # fx node name -> median seconds of one execution
+    seconds: dict[str, float]  # fx node name -> least seconds of one execution over the runs
     runs: int
     step_seconds: float  # median wall time of a whole run of the graph
     # fx node name -> bytes the op's kernels allocate beyond its outputs while it runs (measured in
@@ -101,7 +104,7 @@ def time_ops(graph_module: fx.GraphModule, inputs: list, repeats: int = 5) -> Op
     finally:
         set_rng_state(saved_rng)
     # The warm-up run is not timed (its ops ran under the memory profiler or with allocator stats).
-    seconds = {name: statistics.median(times) for name, times in samples.items()}
+    seconds = {name: min(times) for name, times in samples.items()}
     return OpTimes(seconds, repeats, statistics.median(step_times[1:] if len(step_times) > 1 else step_times),
                    scratch)
 
