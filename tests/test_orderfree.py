@@ -29,7 +29,9 @@ from solvers.orderfree import (
     order_free_bound,
 )
 from solvers.orderfree.model import MAX_COLUMNS
-from solvers.orderfree.method import LARGE_REPAIR, _checked, _laid_out, _quick_dp, schedule_point
+from solvers.orderfree.method import LARGE_REPAIR, _checked, _fitting, _laid_out, _quick_dp, schedule_point
+from solvers.orderfree.model import Relaxation
+from solvers.orderfree.windows import improve_by_windows
 
 
 def property_cases(count: int, max_nodes: int, seed: int = 0):
@@ -269,3 +271,25 @@ def test_dp_runs_first_only_where_its_chain_views_are_short():
     # 16 s of a 9 s share, so there it runs only after the relaxation, where no layout fits.
     assert _quick_dp(training_graph(50, seed=1))
     assert not _quick_dp(training_graph(150, seed=1))
+
+
+def test_the_window_search_improves_a_poor_incumbent_and_restores_the_model():
+    # An incumbent read off revolve's schedule (the heuristic farthest from the optimum here): the
+    # windows of 60 intervals (of 101) find cheaper solutions whose layouts fit; afterwards the
+    # model is the one built (its MILP's bound unchanged).
+    graph = training_graph(50, seed=50)
+    budget = int(store_all_peak(graph) * 0.6)
+    costs = node_costs(graph)
+    model = OrderFreeModel(costs, budget, choose_milestones(costs)).build()
+    before = model.solve(20)
+    poor = solve(graph, budget, method="revolve")
+    values = schedule_point(model, [(kind, costs.index[v]) for kind, v in poor])
+    dense = [values.get(column, 0.0) for column in range(len(model.integrality))]
+    incumbent = Relaxation(None, values=dense, objective=poor.info.compute_cost)
+    found = improve_by_windows(model, incumbent, Clock(30), lambda result: _fitting(graph, costs, result, budget))
+    assert found and all(cost < poor.info.compute_cost for cost, *_ in found)
+    for cost, peak, schedule, _ in found:
+        outcome = simulate(graph, schedule)
+        assert outcome.valid and outcome.peak_bytes == peak <= budget and outcome.compute_cost == cost
+        assert cost >= before.bound
+    assert model.solve(20).bound == pytest.approx(before.bound)

@@ -13,6 +13,7 @@ from ..options import schedule_from, time_limit_or_default
 from ..schedule import FEASIBLE, OPTIMAL, Schedule
 from ..simulate import simulate
 from .model import METHOD, OrderFreeModel, Relaxation, choose_milestones
+from .windows import improve_by_windows
 
 # Re-solves when the laid-out optimum overshoots the budget: first other solutions at the budget
 # (each excluded by a cut once tried), then solutions at smaller budgets.
@@ -119,6 +120,9 @@ def solve_orderfree(graph, budget: int, time_limit: float | None = None) -> Sche
         repair = Repair() if search.small_model() else LARGE_REPAIR
         laid = _laid_out(graph, costs, search.model, search.first, budget, clock, repair)
         search.found += [laid] if laid is not None else []
+    if laid is not None and _stalled(search, laid, bound):
+        search.found += improve_by_windows(search.model, search.first, clock,
+                                           lambda result: _fitting(graph, costs, result, budget))
     best = min((item[0] for item in search.found), default=None)
     if _unproven(best, bound) and costs.n <= EXACT_FALLBACK_NODES:
         search.found += _fallbacks(graph, budget, clock, ("exhaustive",), 0.5)
@@ -137,6 +141,28 @@ def _quick_dp(graph) -> bool:
     from ..chain import chain_views
 
     return all(view.length <= QUICK_DP_STAGES for view in chain_views(graph))
+
+
+def _stalled(search: _Search, laid: tuple, bound: float) -> bool:
+    """Whether the window search should run: the first MILP's own laid-out incumbent fits, is not
+    proven, and is no cheaper than the cheapest heuristic schedule it was started from (the MILP
+    found nothing better in its time), on a model small enough for MIP starts."""
+    heuristics = [item[0] for item in search.found if item is not laid]
+    objective = search.first.objective
+    return (search.small_model() and laid[3] == "its laid-out optimum" and objective is not None
+            and _unproven(laid[0], bound) and bool(heuristics) and objective >= min(heuristics) * (1 - 1e-9))
+
+
+def _fitting(graph, costs: NodeCosts, result: Relaxation, budget: int):
+    """(cost, peak, schedule, source) of the best layout of a window search's solution within
+    ``budget``, or ``None``."""
+    laid = [_checked(graph, costs, computes, budget) for computes in result.layouts]
+    fitting = [(sim.compute_cost, sim.peak_bytes, schedule) for schedule, sim in laid
+               if schedule is not None and sim.peak_bytes <= budget]
+    if not fitting:
+        return None
+    cost, peak, schedule = min(fitting, key=lambda item: (item[0], item[1]))
+    return cost, peak, schedule, "the window search's solution, laid out"
 
 
 def _solve_relaxation(search: _Search) -> None:
@@ -204,7 +230,7 @@ def _reported(search: _Search, bound: float) -> Schedule:
         notes.append("time limit reached before the relaxation was solved: its dual bound stands")
     model = search.model
     marks = "" if model is None else f"; bound of the order-free relaxation with {len(model.marks)} milestones"
-    source = source if source.startswith(("its", "the relax")) else f"{source}'s schedule"
+    source = source if source.startswith(("its", "the relax", "the window")) else f"{source}'s schedule"
     return schedule.with_info(method=METHOD, status=status, gap=gap, lower_bound=lower, budget_bytes=search.budget,
                               compute_cost=cost, predicted_peak_bytes=peak,
                               message="; ".join([source + marks] + notes))

@@ -110,6 +110,8 @@ class Relaxation:
     chosen: list[int] = field(default_factory=list)  # the c columns at 1
     proven: bool = False
     infeasible: bool = False
+    values: list[float] | None = None  # the solution's column values, where there is one
+    objective: float | None = None  # its cost (seconds)
 
 
 @dataclass
@@ -285,6 +287,7 @@ class OrderFreeModel:
                       np.array(rows.values, dtype=np.float64))
         integer, continuous = int(highspy.HighsVarType.kInteger), int(highspy.HighsVarType.kContinuous)
         self.integrality = np.array([integer if flag else continuous for flag in cols.integer], dtype=np.uint8)
+        self.column_bounds = (clip(cols.lower), clip(cols.upper))  # as built (the window search restores them)
         self.highs = highs
         return self
 
@@ -324,7 +327,8 @@ class OrderFreeModel:
         values = highs.getSolution().col_value if has_solution else None
         layouts = self.layouts(values) if has_solution else []
         chosen = [column for column in self.c.values() if values[column] > 0.5] if has_solution else []
-        return Relaxation(bound, layouts, chosen, proven=integral and optimal)
+        objective = info.objective_function_value if has_solution else None
+        return Relaxation(bound, layouts, chosen, proven=integral and optimal, values=values, objective=objective)
 
     def exclude(self, chosen: list[int]) -> None:
         """A no-good cut: some c column differs from ``chosen`` (the c columns at 1). It removes
