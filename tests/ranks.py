@@ -4,8 +4,9 @@
 group and runs ``work(rank, folder)`` on each; each rank's returned dict (JSON) comes back to the
 caller, a rank's exception as its traceback in the test's failure.
 
-:func:`allocated_bound` is :func:`profiler.allocations.allocated_while` made safe for collectives.
-The CPU memory profile records an allocator event on the thread that makes it, and only while that
+:func:`allocated_bound` is :func:`profiler.allocations.allocated_while`, whose replay
+(``replay_addressed``) counts only blocks allocated in the window, so that it is an upper bound
+whatever thread freed what; :func:`least_bound` tightens it over repeats. The CPU memory profile records an allocator event on the thread that makes it, and only while that
 thread is profiled: gloo runs a collective on a worker thread (profiled while the collective runs)
 and, by our reading of the figures, the work object holding the collective's tensors is released by
 whichever of that worker and the calling thread lets go last; when it is the worker, the tensors'
@@ -80,53 +81,12 @@ def run_ranks(work: Callable[[int, str], dict], folder: str, world: int = WORLD)
     return results
 
 
-def replay_bound(events: list[tuple[int, int, int]]) -> tuple[int, int]:
-    """(most bytes live at once, bytes live at the end) over ``events`` (time in ns, bytes, address;
-    bytes negative for a free) in time order, from zero, counting only blocks allocated in the
-    window. A block allocated at an address still live in the replay frees the block recorded there
-    first (the allocator cannot hand out a live address: its free happened, unrecorded).
-
-    Frees of blocks allocated before the window are left out: the profiler sizes a free from a
-    process-wide table of the blocks it saw allocated, and a block whose free went unrecorded stays
-    in it, so a later block at the same address, allocated unprofiled and freed in a window, is
-    recorded freeing the stale size. Seen: a native plan's unsharded step, measured in a rank after
-    whole-model FSDP2 steps, 202,512 B (the model's flat all-gather) below the same measurement in a
-    fresh process. Left out, they can only make the replay larger: the windows here free nothing
-    made before them (the caller frees gradients between windows)."""
-    live: dict[int, int] = {}
-    total = peak = 0
-    for _, size, address in events:
-        if size > 0:
-            total -= live.pop(address, 0)
-            live[address] = size
-            total += size
-        elif address in live:
-            total -= live.pop(address)
-        peak = max(peak, total)
-    return peak, total
-
-
-def _cpu_events(roots) -> list[tuple[int, int, int]]:
-    from torch._C._profiler import _EventType
-
-    found, pending = [], list(roots)
-    while pending:
-        event = pending.pop()
-        if event.typed[0] == _EventType.Allocation and event.typed[1].device.type == "cpu":
-            fields = event.typed[1]
-            found.append((event.start_time_ns, fields.alloc_size, fields.ptr))
-        pending.extend(event.children)
-    return sorted(found, key=lambda item: item[0])
-
-
 def allocated_bound(step: Callable[[], object]) -> tuple[int, int]:
     """(most bytes allocated at once on top of what was allocated when ``step`` began, bytes it left
     allocated), CPU, each an upper bound whatever thread freed what (module docstring)."""
-    from profiler.allocations import cpu_memory_profile
+    from profiler.allocations import allocated_while
 
-    with cpu_memory_profile() as recorder:
-        step()
-    return replay_bound(_cpu_events(recorder.profiler.kineto_results.experimental_event_tree()))
+    return allocated_while(step)
 
 
 def least_bound(step: Callable[[], object], repeats: int = 3,
