@@ -468,7 +468,7 @@ def plan_regions(graph: nx.DiGraph, budget_bytes: int, candidates: Sequence[str]
             continue
         relaxed = _relax(chosen, candidates, fits, out_of_time)
         relaxed = _with_policies(relaxed, policies or (), fits)
-        if best is None or _rank(run(relaxed)[1], relaxed, base_cost) < _rank(run(best)[1], best, base_cost):
+        if best is None or _better(run(relaxed)[1], relaxed, run(best)[1], best, base_cost * TIE):
             best = relaxed
         if out_of_time():
             break
@@ -479,14 +479,21 @@ def plan_regions(graph: nx.DiGraph, budget_bytes: int, candidates: Sequence[str]
     return evaluate(graph, [c for c in candidates if c in set(best)])
 
 
-# Plans whose predicted steps differ by less than this fraction of the un-checkpointed step are taken
+# Plans whose predicted steps differ by at most this fraction of the un-checkpointed step are taken
 # as equal and the fewer regions win (then the names): measured op times vary with the machine's
-# load, and the same model planned twice should get the same plan.
-TIE = 0.005
+# load, and the same model planned twice should get the same plan. A threshold on the difference,
+# not rounding to buckets of this width: two costs a hair apart on either side of a bucket's edge
+# were "different" (a 12-layer GPT-2 at 60% got 8 regions from one profile, 16 from the next).
+TIE = 0.01
 
 
-def _rank(cost: float, regions: Sequence[str], base_cost: float) -> tuple:
-    return (round(cost / (base_cost * TIE)) if base_cost > 0 else cost, len(regions), sorted(regions))
+def _better(cost: float, regions: Sequence[str], incumbent_cost: float, incumbent: Sequence[str],
+            tolerance: float) -> bool:
+    """Whether ``regions`` (predicted step ``cost``, seconds) should replace ``incumbent``: cheaper by
+    more than ``tolerance`` seconds, or as cheap within it and simpler (fewer regions, then names)."""
+    if abs(cost - incumbent_cost) > tolerance:
+        return cost < incumbent_cost
+    return (len(regions), sorted(regions)) < (len(incumbent), sorted(incumbent))
 
 
 def _with_policies(chosen: list[str], policies: Sequence[str], fits) -> list[str]:

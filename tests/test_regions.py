@@ -163,3 +163,17 @@ def test_infeasible_reports_the_least_peak_it_found():
     assert raised.value.min_budget > 1
     least = raised.value.min_budget
     assert plan_regions(graph, least).outcome.peak_bytes <= least
+
+
+def test_plans_within_the_tie_tolerance_are_equal_and_the_simpler_wins():
+    """A threshold, not buckets: 1.49 and 1.51 (tolerance 1) straddled a bucket edge under rounding
+    and the fuller plan won on noise; within the tolerance the fewer regions win, beyond it the cost."""
+    from solvers.regions import _better
+
+    whole = ["h.0", "h.1"]
+    split = ["h.0.attn", "h.0.mlp", "h.1.attn", "h.1.mlp"]
+    assert not _better(1.49, split, 1.51, whole, tolerance=1.0)
+    assert _better(1.51, whole, 1.49, split, tolerance=1.0)
+    assert _better(0.2, split, 1.51, whole, tolerance=1.0)
+    assert not _better(1.51, whole, 0.2, split, tolerance=1.0)
+    assert _better(1.0, ["a"], 1.0, ["b"], tolerance=0.0)  # equal and as many: by name
