@@ -171,12 +171,23 @@ class RecomputedBatchNorm:
         names = [n for n in ("running_mean", "running_var", "num_batches_tracked") if getattr(module, n) is not None]
         kept = {n: getattr(module, n) for n in names}
         try:
-            for name, tensor in kept.items():
-                setattr(module, name, tensor.clone())
+            # The copies are made outside the dispatch modes: under a save policy the recomputation
+            # runs inside selective checkpointing's mode, which refuses an op the forward did not run
+            # ("aten.clone.default encountered during backward but not found in storage").
+            with _no_dispatch_modes():
+                copies = {name: tensor.clone() for name, tensor in kept.items()}
+            for name, tensor in copies.items():
+                setattr(module, name, tensor)
             return original(*args, **kwargs)
         finally:
             for name, tensor in kept.items():
                 setattr(module, name, tensor)
+
+
+def _no_dispatch_modes():
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    return _disable_current_modes()
 
 
 def _batch_norms(modules) -> list[torch.nn.Module]:

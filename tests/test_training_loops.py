@@ -270,6 +270,20 @@ def test_torch_compile_captures_the_whole_planned_step_in_one_graph(case):
         assert torch.equal(a, b), name
 
 
+def test_batch_norms_under_a_save_policy_train_as_eager():
+    """A batch norm inside a ``@matmuls`` region: its recomputation copies the running statistics,
+    an op the forward did not run, which selective checkpointing refused in the backward (the zoo's
+    U-Net at 75%: 'bottom@matmuls'). Gradients, parameters and running statistics equal to eager's."""
+    from models import cnn
+
+    reference, model = cnn(), cnn()
+    apply_native(model, ["[0:3]@matmuls", "[3:6]"])
+    batches = [(torch.randn(4, 3, 8, 8, generator=torch.Generator().manual_seed(s)),) for s in range(STEPS)]
+    _assert_same(_train(reference, batches), _train(model, batches), reference, model)
+    for (name, a), (_, b) in zip(reference.named_buffers(), model.named_buffers(), strict=True):
+        assert torch.equal(a, b), name
+
+
 def test_a_plan_applied_to_another_model_is_refused(mlp_plan):
     with pytest.raises(PlanMismatch, match="different model"):
         planner.apply(mlp(width=32, depth=6), mlp_plan)
