@@ -1,5 +1,5 @@
 """Profile a 48-layer GPT-2 (the 12-layer benchmark model of make_graphs.py, four times deeper) and
-save its module-level cost graph for benchmarks/solvers.py (issue 20: "a 12-layer and a 48-layer
+save its module-level cost graph for benchmarks/solvers.py ("a 12-layer and a 48-layer
 GPT-2 module graph certified within 1% of an order-free bound").
 
     python benchmarks/make_gpt2_48.py [--granularity module:3]

@@ -19,7 +19,7 @@ from .schedule import Schedule
 
 # Seconds a searching method may take when the caller gives no time limit (docs/solvers.md): long
 # enough for the exact methods to prove optimality on the graphs of the benchmark that they can
-# prove at all, short enough that a call never hangs (issue 17: cpsat below the minimum budget of
+# prove at all, short enough that a call never hangs (cpsat below the minimum budget of
 # a 33-node graph ran for more than 600 s without a limit).
 DEFAULT_TIME_LIMIT = 300.0
 

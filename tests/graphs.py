@@ -52,7 +52,7 @@ def random_dag(n: int, edge_probability: float = 0.3, seed: int = 0, outputs: st
 def layered_dag(layers: int, width: int, seed: int = 0, max_inputs: int = 3) -> nx.DiGraph:
     """``layers`` layers of ``width`` nodes, each node after the first layer reading 1 to
     ``max_inputs`` random nodes of the layer before; sinks are outputs. Wide graphs whose order of
-    computation is free within a layer: the hard case for model sizes (issue 20: cpsat's model of a
+    computation is free within a layer: the hard case for model sizes (cpsat's model of a
     250-node one took minutes to build)."""
     rng = random.Random(seed)
     graph = nx.DiGraph()

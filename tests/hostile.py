@@ -1,4 +1,4 @@
-"""Helpers of the hostile-input tests (tests/test_hostile_*.py, issue 17): the tiny model files, the
+"""Helpers of the hostile-input tests (tests/test_hostile_*.py): the tiny model files, the
 command run as a user runs it, and what every refusal owes the user (:func:`assert_refused`).
 
 The models are tiny (two Linear layers) so that a case that profiles costs a few seconds.

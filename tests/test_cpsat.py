@@ -278,7 +278,7 @@ print("returned", flush=True)
 
 def test_ctrl_c_during_a_cp_sat_search_raises_keyboard_interrupt():
     # CP-SAT catches SIGINT by default and ends its search as if time were up: the solve returned
-    # a cut-short schedule and the caller never knew (issue 17). Here the signal must propagate.
+    # a cut-short schedule and the caller never knew. Here the signal must propagate.
     import os
     import signal
     import subprocess
@@ -306,7 +306,7 @@ def test_ctrl_c_during_a_cp_sat_search_raises_keyboard_interrupt():
 
 def test_building_the_model_counts_against_the_time_limit(monkeypatch):
     # On a 250-node layered DAG building the model took minutes, untimed: a 60 s limit overran by
-    # 75-225 s (issue 20). Here every interval takes 50 ms to create (seconds per model): the
+    # 75-225 s. Here every interval takes 50 ms to create (seconds per model): the
     # call must still end near its limit, with the best schedule known or a timeout.
     import time
 
@@ -334,7 +334,7 @@ def test_building_the_model_counts_against_the_time_limit(monkeypatch):
 
 
 def test_a_hint_heuristic_that_fails_is_a_loud_bug(monkeypatch):
-    # Only Infeasible, a timeout or a missing library mean "no hint from this method" (issue 19).
+    # Only Infeasible, a timeout or a missing library mean "no hint from this method".
     from solvers import chen
 
     monkeypatch.setattr(chen, "solve_chen_greedy", lambda graph, budget, time_limit=None: Schedule([("compute", 1)]))

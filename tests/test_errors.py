@@ -120,7 +120,7 @@ def test_a_solver_time_limit_gives_the_best_schedule_and_its_gap_or_a_clear_fail
         planner.plan(model, inputs, budget=1, solver="dp", profile=prof)
     budget = (raised.value.min_budget + store_all.unplanned_peak_bytes) // 2
     # ilp: it starts from the dp schedule, so a short limit leaves it a schedule to return. (cpsat may
-    # raise Infeasible when its limit passes before it finds one: reported in issue 6.)
+    # raise Infeasible when its limit passes before it finds one.)
     try:
         plan = planner.plan(model, inputs, budget=budget, solver="ilp", profile=prof, time_limit=time_limit)
     except TimeoutError as error:  # allowed: nothing found in time, and it says so

@@ -71,7 +71,7 @@ def test_parse_budget_values(number, unit):
 # -- solve ----------------------------------------------------------------------------------------------------
 JUNK = st.sampled_from(["12", None, -1, float("nan"), float("inf"), 1.5, [], True])
 # Seconds as a profiler measures them: 0, or at least a nanosecond. (Costs near the smallest float,
-# 5e-324, overflow cpsat's recompute bound, spare / cost: reported in issue 6, left to its owner.)
+# 5e-324, overflow cpsat's recompute bound, spare / cost.)
 COSTS = st.one_of(st.just(0.0), st.floats(1e-9, 10))
 
 

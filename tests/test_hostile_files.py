@@ -1,4 +1,4 @@
-"""Hostile input and faults (issue 17), files and processes: nothing destroyed, no hangs, the
+"""Hostile input and faults, files and processes: nothing destroyed, no hangs, the
 documented exit status. Output paths that are inputs, model files that call what they imported or
 exit, pipes and devices given as files, Ctrl-C. The command line runs as a subprocess, as a user
 runs it (tests/hostile.py).
@@ -247,7 +247,7 @@ class Slow(nn.Module):
 def build_model():
     return nn.Sequential(nn.Linear(16, 16), Slow(), nn.Linear(16, 4))
 """
-# cpsat below what it can prove in its time limit: it searches the whole limit (issue 17's hang)
+# cpsat below what it can prove in its time limit: it searches the whole limit (it hung the command line)
 WIDE = TINY.replace("nn.Sequential(nn.Linear(16, 16), nn.Tanh(), nn.Linear(16, 16), nn.Tanh(), nn.Linear(16, 4))",
                     "nn.Sequential(*[m for _ in range(6) for m in (nn.Linear(64, 64), nn.Tanh())])").replace(
                     "torch.randn(8, 16,", "torch.randn(256, 64,")

@@ -1,4 +1,4 @@
-"""Hostile input and faults (issue 17), fuzzing: random command lines, mutated plan files and sweep
+"""Hostile input and faults, fuzzing: random command lines, mutated plan files and sweep
 files thrown at the command line in-process, each answered by a documented status and at most one
 error line; a profile bounded in time; a plan file whose loss was edited (tests/hostile.py).
 """

@@ -1,4 +1,4 @@
-"""Hostile input and faults (issue 17), messages: one line on stderr naming what was wrong and what
+"""Hostile input and faults, messages: one line on stderr naming what was wrong and what
 is accepted, no traceback. Tracebacks that became one line, unclear messages made clear, the
 command's conventions (--version, usage, JSON errors, progress, logging) and the Python API. The
 faults that need a patched function (a full disk) run in-process (tests/hostile.py).

@@ -73,7 +73,7 @@ def test_exhaustive_agrees_with_known_optima_l4():
 
 def test_fixed_order_trap():
     # Optimal in the model's order only: the status and the message say so, and the lower bound is
-    # one that holds in every order (issue 20: it said "optimal" with lower_bound 13).
+    # one that holds in every order (it said "optimal" with lower_bound 13).
     graph = trap_graph()
     schedule = solve(graph, 4, method="ilp")
     assert check(graph, schedule, 4) == 13
@@ -89,7 +89,7 @@ def test_fixed_order_trap():
                                                   (random_dag(7, 0.3, seed=90), 6, 13)])
 def test_optimal_in_order_on_random_dags(graph, budget, optimum):
     # Two 7-node DAGs where the model's optimum in its order (32 and 17) is above the true one: it
-    # reported "optimal" with a lower bound above the optimum before issue 20.
+    # reported "optimal" with a lower bound above the optimum before it was fixed.
     schedule = solve(graph, budget, method="ilp")
     assert min_cost_schedule(graph, budget).info.compute_cost == optimum
     assert check(graph, schedule, budget) > optimum
@@ -486,7 +486,7 @@ def test_the_time_limit_holds_while_building_the_model(monkeypatch):
 
 def test_a_warm_start_heuristic_that_fails_is_a_loud_bug(monkeypatch):
     # Only Infeasible, a timeout or a missing library mean "no warm start from this method";
-    # before issue 19 any exception was swallowed, hiding a heuristic's invalid schedule.
+    # once any exception was swallowed, hiding a heuristic's invalid schedule.
     from solvers import chen
 
     monkeypatch.setattr(chen, "solve_chen_greedy", lambda graph, budget, time_limit=None: Schedule([("compute", 1)]))

@@ -1,4 +1,4 @@
-"""The order-free relaxation (solvers/orderfree, issue 20): its bound never above the exhaustive
+"""The order-free relaxation (solvers/orderfree): its bound never above the exhaustive
 optimum, in any order of computation, on the property tests' kinds of graph; tight on most; and
 the ``orderfree`` method's schedules valid, within the budget, ``optimal`` only at the optimum."""
 

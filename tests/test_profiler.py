@@ -244,7 +244,7 @@ def test_a_loss_computed_outside_the_model_is_counted():
     assert measured <= 1.01 * plan.predicted_peak_bytes
 
 
-# -- breadth: what users bring (issue 16) -------------------------------------------------------------
+# -- breadth: what users bring -------------------------------------------------------------
 def _same_step(model, planned, inputs, loss_fn):
     """The planned step's loss, gradients and RNG state after it equal the model's, bit for bit,
     from the same seed (every dropout mask the same)."""

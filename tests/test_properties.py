@@ -61,7 +61,7 @@ def test_exhaustive_fits_or_raises_infeasible(graph, fraction):
 
 def check_claims(graph, budget: int, method: str, **options) -> None:
     """What a method claims of its schedule holds against the exhaustive optimum: ``optimal`` only
-    at the optimum, a ``lower_bound`` never above it (issue 20: ilp said "optimal" 13 where the
+    at the optimum, a ``lower_bound`` never above it (ilp said "optimal" 13 where the
     optimum is 10, its bound holding only in its fixed order)."""
     try:
         schedule = solve(graph, budget, method=method, **options)

@@ -1,4 +1,4 @@
-"""The traced executor (runtime/module.py) never returns a wrong number (issue 15, deliverable 2).
+"""The traced executor (runtime/module.py) never returns a wrong number.
 
 It replays one traced step, so everything a user's loop does that the trace did not see must either
 be computed right or refused in words. Each test trains the planned module beside an unplanned twin

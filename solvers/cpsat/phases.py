@@ -135,7 +135,7 @@ def min_peak_phase(graph, costs: NodeCosts, memory: MemoryScale, budget: int, lo
 def raise_infeasible(budget: int, result: PeakResult, clock: Clock) -> None:
     """Phase 1 did not reach the budget: :class:`Infeasible` with the least budget when it is
     proven (over every schedule, or over the model's capped counts), else :class:`SolverTimeout`:
-    an unproven minimum must not be reported as the least budget (issue 17)."""
+    an unproven minimum must not be reported as the least budget."""
     peak, lower = result.peak, result.lower
     if peak <= lower:
         detail = f"the smallest peak of any schedule is {peak} bytes"
@@ -218,7 +218,7 @@ def solve_cpsat(graph, budget: int, time_limit: float | None = None, *, workers:
             raise_infeasible(budget, result, clock)
         known.offer(checked(graph, costs, result.computes, budget))
 
-    # Phase 2 on graphs this small: the exact search first (issue 20: on a 15-node U-Net graph at
+    # Phase 2 on graphs this small: the exact search first (on a 15-node U-Net graph at
     # its minimum budget CP-SAT stopped at 98 after 60 s where the optimum, found here, is 71).
     exact = exact_min_cost(graph, costs, budget, clock) if hints else None
     if exact is not None:

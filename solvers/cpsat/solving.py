@@ -113,7 +113,7 @@ def solve_interruptibly(solver: cp_model.CpSolver, model: cp_model.CpModel,
 
     By default CP-SAT catches SIGINT during a solve (``catch_sigint_signal``) and ends the search
     as if its time were up: a Ctrl-C came back as a cut-short result, planned and written as if
-    nothing had happened (issue 17). So the parameter is off, and the solve runs in a worker thread
+    nothing had happened. So the parameter is off, and the solve runs in a worker thread
     while the calling thread waits on it in short joins: a signal then reaches Python's own handler,
     whose ``KeyboardInterrupt`` stops the search (``stop_search`` is thread-safe), waits for the
     worker, and propagates.

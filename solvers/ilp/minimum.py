@@ -127,7 +127,7 @@ def _no_schedule(graph, costs, budget, backend, deadline: Clock, threads, why: s
     Should the search for the minimum find a schedule within ``budget`` after all (the only way is
     a solver tolerance misjudging the budget rows by a few bytes), that schedule is returned. When
     the time limit passes before the exact minimum is proven, :class:`SolverTimeout` is raised
-    instead: an ``Infeasible`` would report an unproven minimum as the least budget (issue 17:
+    instead: an ``Infeasible`` would report an unproven minimum as the least budget (seen:
     "minimum 194 MiB" after 1 s, where 122 MiB is met with 120 s). With ``exact=False``
     (lp-rounding) the minimum is the least that method's search reaches, said to be unproven.
     """

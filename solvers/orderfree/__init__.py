@@ -1,4 +1,4 @@
-"""``orderfree``: a lower bound over every schedule in every order, and a solver built on it (issue 20).
+"""``orderfree``: a lower bound over every schedule in every order, and a solver built on it.
 
 The relaxation (a MILP, built directly with highspy's array API)
 ----------------------------------------------------------------

@@ -12,7 +12,7 @@ from ..graph import NodeCosts, node_costs
 
 METHOD = "orderfree"
 # Milestones are thinned (every k-th path node) until c and h have at most this many columns: a
-# 1001-node chain with every 10th path node is ~100k columns (issue 20: built in 1.7 s).
+# 1001-node chain with every 10th path node is ~100k columns (built in 1.7 s).
 MAX_COLUMNS = 120_000
 # The rows of the memory inside intervals (``OrderFreeModel._interval_memory``) are built on models of
 # at most this many c and h columns. On larger ones they slow the MILP more than they help the
