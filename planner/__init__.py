@@ -16,6 +16,7 @@ _EXPORTS = {
     "NativePlan": ".native",
     "SolverError": ".api", "apply": ".api",
     "checkpoint": ".api", "load": ".api", "plan": ".api", "plan_from_profile": ".api", "plan_untraceable": ".api",
+    "profile_for": ".api",
     "ACCEPTED_FORMS": ".budget", "Budget": ".budget", "BudgetError": ".budget", "format_bytes": ".budget",
     "parse_budget": ".budget", "Plan": ".planfile", "PlanFileError": ".planfile",
 }
@@ -53,4 +54,5 @@ __all__ = [
     "plan",
     "plan_from_profile",
     "plan_untraceable",
+    "profile_for",
 ]

@@ -423,10 +423,13 @@ def plan_native(model: torch.nn.Module, example_inputs, budget: Budget, loss_fn=
             if least is not None:
                 solved, held, measured = least
                 break
+            if measured is not None:  # a repair asked for less than the budget: the least is not the user's
+                raise Infeasible(_measured_over(budget, budget_bytes, measured.peak_bytes, target),
+                                 min_budget=measured.peak_bytes, method=METHOD) from None
             raise Infeasible(
                 f"budget {budget} ({format_bytes(budget_bytes)}) is below the least that checkpointing the model's "
-                f"modules reaches" + (f": {format_bytes(minimum)} ({minimum} bytes)" if minimum else ""),
-                min_budget=minimum, method=METHOD) from None
+                f"modules reaches" + (f": {format_bytes(minimum)} ({minimum} bytes)" if minimum else "")
+                + _cache_hint(model), min_budget=minimum, method=METHOD) from None
         if not measure:
             break
         measured = measure_native(model, solved.regions, example_inputs, loss_fn)
@@ -435,10 +438,8 @@ def plan_native(model: torch.nn.Module, example_inputs, budget: Budget, loss_fn=
             break
         target -= measured.peak_bytes - budget_bytes  # the prediction missed by this much: ask for less
     if attempts and measured is not None and measured.peak_bytes > budget_bytes:
-        raise Infeasible(
-            f"budget {budget} ({format_bytes(budget_bytes)}): the native plan measured "
-            f"{format_bytes(measured.peak_bytes)} after {REPAIRS} tightenings; try a larger budget or "
-            "executor='traced'", min_budget=measured.peak_bytes, method=METHOD)
+        raise Infeasible(_measured_over(budget, budget_bytes, measured.peak_bytes, target),
+                         min_budget=measured.peak_bytes, method=METHOD)
     plan = _native_plan(model, profile, solved, held, budget, budget_bytes, unplanned_peak,
                         unplanned.outcome.compute_cost, measured, solving)
     plan.distributed = describe_distributed(model, distributed)
@@ -446,6 +447,23 @@ def plan_native(model: torch.nn.Module, example_inputs, budget: Budget, loss_fn=
     _check_times(plan)
     plan.input_shapes = input_shapes(*normalise_inputs(example_inputs))
     return plan
+
+
+def _measured_over(budget: Budget, budget_bytes: int, measured_bytes: int, target: int) -> str:
+    return (f"budget {budget} ({format_bytes(budget_bytes)}): the native plans predicted within it measured over it "
+            f"(the last {format_bytes(measured_bytes)}; asking the search for as little as {format_bytes(target)} did "
+            "not bring the measurement under the budget: the prediction misses on this model); try a larger budget "
+            "or executor='traced'")
+
+
+def _cache_hint(model: torch.nn.Module) -> str:
+    """Why a Hugging Face decoder with its cache on cannot go lower, and what to do."""
+    config = getattr(model, "config", None)
+    if not getattr(config, "use_cache", False):
+        return ""
+    return ("; the model's config has use_cache=True: its attention blocks return their key/value cache as model "
+            "outputs, which no checkpoint can free; set model.config.use_cache = False for training (as "
+            "gradient_checkpointing_enable() does) and plan again")
 
 
 NEAR_MISS = 0.02  # a least predicted peak this close above the budget is measured before refusing

@@ -284,6 +284,16 @@ def test_batch_norms_under_a_save_policy_train_as_eager():
         assert torch.equal(a, b), name
 
 
+def test_a_decoder_with_its_cache_on_is_refused_with_the_reason_and_the_remedy():
+    """Hugging Face decoders default to use_cache=True: each attention block returns its key/value
+    cache as a model output, which no checkpoint frees (the zoo: Llama, Mistral, Qwen2... refused
+    75% with no reason given). The refusal names the cache and the setting."""
+    model = gpt2(layers=2, embd=32, heads=2, vocab=64, positions=16)
+    model.config.use_cache = True
+    with pytest.raises(planner.BudgetInfeasible, match=r"use_cache=True.*use_cache = False"):
+        planner.plan(model, gpt2_inputs(batch=2, tokens=16, vocab=64), budget="40%", loss_fn=hf_loss)
+
+
 def test_a_plan_applied_to_another_model_is_refused(mlp_plan):
     with pytest.raises(PlanMismatch, match="different model"):
         planner.apply(mlp(width=32, depth=6), mlp_plan)
