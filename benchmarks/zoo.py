@@ -2,10 +2,9 @@
 
 Each case builds a model from a tiny configuration (Hugging Face ``transformers`` models from their
 config classes, no weights) or from ``torch.nn``, with example inputs sized so that activations,
-not parameters, make most of the step's peak, and dropout on (train mode); the builders are in
-benchmarks/zoo_models.py. :func:`run_case` plans it with the native executor (planner.plan's
-default) or with the chain DP (``solver="dp"``, the traced executor) at each budget, applies the
-plan, and measures:
+not parameters, make most of the step's peak, and dropout on (benchmarks/zoo_models.py).
+:func:`run_case` plans it natively (planner.plan's default) or with the chain DP (``solver="dp"``,
+the traced executor) at each budget, applies the plan, and measures:
 
 - the step's peak from the allocator's events (``profiler.measure_step``), not the plan's figure;
 - the predicted peak against it;
