@@ -25,11 +25,11 @@ import torch  # noqa: E402
 
 import planner  # noqa: E402
 import profiler  # noqa: E402
-from planner.files import write_atomic  # noqa: E402
 from profiler.capture import default_loss  # noqa: E402
 from profiler.inputs import normalise_inputs  # noqa: E402
 from profiler.memory import measure_step  # noqa: E402
 from runtime.native import remove_native  # noqa: E402
+from tables import markdown_table, publish  # noqa: E402
 
 MiB = 2**20
 
@@ -166,12 +166,6 @@ HEADER = ("model", "executor", "budget", "predicted MiB", "measured MiB", "measu
           "step ms", "step / eager", "max rel. grad diff", "notes")
 
 
-def table(rows) -> str:
-    lines = ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
-    lines += ["| " + " | ".join(str(x) for x in row) + " |" for row in rows]
-    return "\n".join(lines)
-
-
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=None)
@@ -191,10 +185,8 @@ def main(argv=None) -> int:
         executors = [(e, {"native": "auto", "traced": "dp"}[e]) for e in args.executors.split(",")]
         run_case(name, build, make_inputs, loss_fn, budgets, device, rows, not args.no_compile, executors)
     text = (f"Device: {device_name}, torch {torch.__version__}. Command: "
-            f"`python benchmarks/cuda_check.py`.\n\n{table(rows)}\n")
-    print(text)
-    if args.out:
-        write_atomic(args.out, text)
+            f"`python benchmarks/cuda_check.py`.\n\n{markdown_table(HEADER, rows)}\n")
+    publish(text, args.out)
     return 0
 
 

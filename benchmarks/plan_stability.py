@@ -21,9 +21,9 @@ sys.path.insert(0, os.path.dirname(HERE))
 
 from examples import gpt2  # noqa: E402
 from planner.api import profile_for  # noqa: E402
-from planner.files import write_atomic  # noqa: E402
 from planner.native import solve_native  # noqa: E402
 from profiler.memory import measure_step  # noqa: E402
+from tables import markdown_table, publish  # noqa: E402
 
 BUDGETS = (0.45, 0.6, 0.75)
 
@@ -65,14 +65,10 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     load = os.getloadavg()[0]
     rows = [row for layers in args.layers.split(",") for row in run_model(int(layers), args.profiles)]
-    lines = ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
-    lines += ["| " + " | ".join(str(x) for x in row) + " |" for row in rows]
     text = (f"`python benchmarks/plan_stability.py --layers {args.layers} --profiles {args.profiles}`; load average "
             f"{load:.1f} at the start, {os.getloadavg()[0]:.1f} at the end, on {os.cpu_count()} cores.\n\n"
-            + "\n".join(lines) + "\n")
-    print(text)
-    if args.out:
-        write_atomic(args.out, text)
+            + markdown_table(HEADER, rows) + "\n")
+    publish(text, args.out)
     return 0
 
 

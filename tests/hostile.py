@@ -13,6 +13,8 @@ import sys
 import textwrap
 import time
 
+import pytest
+
 from planner.cli.progress import is_progress_line
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -105,11 +107,18 @@ def _plan_json(tmp_path_factory) -> str:
     return _PLAN_JSON[0]
 
 
+@pytest.fixture(scope="module")
 def plan_data(tmp_path_factory) -> dict:
     """A real plan (chen-greedy on the tiny model), as the JSON a user's plan file holds: made once
     per test session (it is the input of the plan-file cases, not a result under test), a fresh
-    dict for each caller."""
+    dict for each test module. A fixture: test files import it."""
     return json.loads(_plan_json(tmp_path_factory))
+
+
+@pytest.fixture
+def folder(tmp_path):
+    """A scratch folder with the tiny model file (:func:`make_folder`). A fixture: test files import it."""
+    return make_folder(tmp_path)
 
 
 def write_plan(path, data) -> str:

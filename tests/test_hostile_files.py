@@ -17,18 +17,13 @@ import time
 import hostile
 import pytest
 from hostile import (EXIT_FAILED_RUNS, EXIT_INTERRUPTED, EXIT_USAGE, ROOT, TINY, assert_refused, cli, env, error_lines,
-                     make_folder, snapshot, write_plan)
+                     snapshot, write_plan)
 from signals import default_sigint
 
 
-@pytest.fixture
-def folder(tmp_path):
-    return make_folder(tmp_path)
-
-
-@pytest.fixture(scope="module")
-def plan_data(tmp_path_factory) -> dict:
-    return hostile.plan_data(tmp_path_factory)
+# The shared fixtures (tests/hostile.py): pytest finds them by these names.
+folder = hostile.folder
+plan_data = hostile.plan_data
 
 
 # -- destroyed files ------------------------------------------------------------------------------------------

@@ -16,9 +16,8 @@ from hostile import (EXIT_FAILED_RUNS, EXIT_OK, EXIT_TIMEOUT, EXIT_USAGE, TINY, 
                      snapshot)
 
 
-@pytest.fixture(scope="module")
-def plan_data(tmp_path_factory) -> dict:
-    return hostile.plan_data(tmp_path_factory)
+# The shared fixtures (tests/hostile.py): pytest finds them by these names.
+plan_data = hostile.plan_data
 
 
 # -- fuzzing: random command lines and mutated plan files ------------------------------------------------------------

@@ -15,18 +15,13 @@ import time
 
 import hostile
 import pytest
-from hostile import (EXIT_OK, EXIT_TIMEOUT, EXIT_USAGE, TINY, assert_refused, cli, env, make_folder, snapshot,
+from hostile import (EXIT_OK, EXIT_TIMEOUT, EXIT_USAGE, TINY, assert_refused, cli, env, snapshot,
                      write_plan)
 
 
-@pytest.fixture
-def folder(tmp_path):
-    return make_folder(tmp_path)
-
-
-@pytest.fixture(scope="module")
-def plan_data(tmp_path_factory) -> dict:
-    return hostile.plan_data(tmp_path_factory)
+# The shared fixtures (tests/hostile.py): pytest finds them by these names.
+folder = hostile.folder
+plan_data = hostile.plan_data
 
 
 # -- tracebacks that became one line ---------------------------------------------------------------------------
