@@ -40,14 +40,6 @@ class Op:
     def __str__(self) -> str:
         return "L" if self.kind == "L" else f"{self.kind}_{self.stage}"
 
-    @classmethod
-    def parse(cls, text: str, length: int) -> Op:
-        """``"CF_3"`` -> Op("CF", 3); ``"L"`` -> Op("L", length)."""
-        if text == "L":
-            return cls("L", length)
-        kind, _, stage = text.partition("_")
-        return cls(kind, int(stage))
-
 
 @dataclass(frozen=True)
 class Chain:

@@ -26,7 +26,6 @@ class ProfileCache:
     def __init__(self, folder: str | os.PathLike):
         self.folder = os.fspath(folder)
         self.hits = 0  # loads that found times: a profile that did not time anything
-        self.stores = 0
 
     def path(self, key: str) -> str:
         if not _SAFE_KEY.match(key):  # keys come from times_key(); never let one escape the folder
@@ -59,4 +58,3 @@ class ProfileCache:
             "loss_seconds": times.loss_seconds,
         }
         write_atomic(self.path(key), json.dumps(data, sort_keys=True))
-        self.stores += 1
