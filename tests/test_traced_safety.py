@@ -553,7 +553,8 @@ def test_a_fallback_plans_module_shares_no_module_with_the_model(fallback_plan):
     buffer.seek(0)
     loaded = torch.load(buffer, weights_only=False)
     assert [type(b).__name__ for b in loaded.blocks] == [type(b).__name__ for b in planned.blocks]
-    assert "Checkpointed" in type(loaded.blocks[0]).__name__ or "Checkpointed" in type(loaded.blocks[-1]).__name__
+    # Which blocks the fallback checkpoints follows their measured times: any of them, at least one.
+    assert any("Checkpointed" in type(b).__name__ for b in loaded.blocks)
     with pytest.raises(ShapeTooLarge):  # the shape guard is loaded with it
         _loss(loaded(*_batch(batch=65))).backward()
     assert copy.deepcopy(planned).blocks[0] is not planned.blocks[0]
