@@ -119,10 +119,10 @@ def repaired_on_measurement(made: Plan, solve: Callable[[int], Plan], measure: C
     """``made``, or a re-solved plan, whose measured peak (``measure(plan)``, bytes) is within
     ``made.budget_bytes``.
 
-    Why: on CUDA the caching allocator counts whole blocks, and a block taken from a cached segment
-    keeps a remainder under 1 MiB unsplit, so ``max_memory_allocated`` can read above the sum of the
-    tensors the trace predicts (a traced store-all GPT-2 on an H100: 166.5 MiB measured, 163.6 MiB
-    predicted and budgeted, benchmarks/cuda_check.py). Each attempt lowers the budget the solver is
+    Why: on CUDA ``max_memory_allocated`` can read above the sum of the tensors the trace predicts
+    (a traced store-all GPT-2 on an H100: 166.5 MiB measured, 163.6 MiB predicted and budgeted; the
+    allocation events of that step peaked at the prediction, so the excess is the caching
+    allocator's block accounting, by our reading: docs/benchmarks/cuda.md). Each attempt lowers the budget the solver is
     given by the last measured excess over the prediction; the plan keeps the budget it was asked for.
     Raises :class:`BudgetInfeasible` when no attempt measures within it."""
     budget_bytes, asked = made.budget_bytes, made
@@ -137,7 +137,7 @@ def repaired_on_measurement(made: Plan, solve: Callable[[int], Plan], measure: C
             break
     raise BudgetInfeasible(
         f"budget {asked.budget_text} ({format_bytes(budget_bytes)}): the plans the solver makes for it measure above it "
-        f"on this device (last measured {format_bytes(measured)}; the CUDA allocator's block rounding adds to the "
+        f"on this device (last measured {format_bytes(measured)}; the CUDA allocator holds more than the "
         "predicted tensors): give a larger budget", min_budget=measured, method=asked.method)
 
 
