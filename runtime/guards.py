@@ -156,14 +156,19 @@ def check_autocast(planned: str) -> None:
         )
 
 
-def check_no_sharded_submodules(module: torch.nn.Module) -> None:
-    """FSDP2 works through forward hooks on each module it shards; the plan runs the traced step,
-    never the submodules' forward, so those hooks would never gather their parameters."""
+def fsdp2_sharded(module: torch.nn.Module) -> list[str]:
+    """Paths of ``module``'s modules (itself: ``""``) that FSDP2's ``fully_shard`` has wrapped."""
     try:
         from torch.distributed.fsdp import FSDPModule
     except ImportError:  # torch built without distributed
-        return
-    inner = [name for name, m in module.named_modules() if m is not module and isinstance(m, FSDPModule)]
+        return []
+    return [name for name, m in module.named_modules() if isinstance(m, FSDPModule)]
+
+
+def check_no_sharded_submodules(module: torch.nn.Module) -> None:
+    """FSDP2 works through forward hooks on each module it shards; the plan runs the traced step,
+    never the submodules' forward, so those hooks would never gather their parameters."""
+    inner = [name for name in fsdp2_sharded(module) if name]
     if inner:
         raise PlanMismatch(
             f"submodule {inner[0]!r} is sharded by fully_shard on its own; a planned module runs its whole "

@@ -38,6 +38,7 @@ import torch.utils._pytree as pytree
 import torch.utils.checkpoint as torch_checkpoint
 
 from .module import PlanMismatch
+from .guards import fsdp2_sharded
 
 _SEGMENT = re.compile(r"^(?P<path>.*)\[(?P<start>\d+):(?P<stop>\d+)\]$")
 _GUARD = "_native_shape_guard"
@@ -258,7 +259,7 @@ def apply_native_plan(model: torch.nn.Module, plan) -> torch.nn.Module:
     from .chain import module_fingerprint  # chain imports module, which this file's import needs first
 
     remove_native(model)
-    sharded = _fsdp2_units(model)
+    sharded = fsdp2_sharded(model)
     if sharded:
         raise PlanMismatch(
             f"this model is already sharded by FSDP2 (fully_shard on {sharded[0] or 'the root'!r}): apply the plan to the "
@@ -268,15 +269,6 @@ def apply_native_plan(model: torch.nn.Module, plan) -> torch.nn.Module:
             f"this plan was made for a different model ({plan.model or 'unknown class'}; this is "
             f"{type(model).__name__}, or its parameters or buffers differ in names, shapes or dtypes): make a new plan")
     return apply_native(model, plan.regions, plan.input_shapes)
-
-
-def _fsdp2_units(model: torch.nn.Module) -> list[str]:
-    """Paths of the modules FSDP2's ``fully_shard`` has wrapped (their class became an FSDPModule)."""
-    try:
-        from torch.distributed.fsdp import FSDPModule
-    except ImportError:  # a build without torch.distributed
-        return []
-    return [name for name, m in model.named_modules() if isinstance(m, FSDPModule)]
 
 
 def remove_native(model: torch.nn.Module) -> torch.nn.Module:
