@@ -139,8 +139,11 @@ def sequential_containers(model: torch.nn.Module) -> dict[str, int]:
 
 def _rng_bytes(regions, devices: list[int]) -> int:
     """torch.utils.checkpoint (``preserve_rng_state=True``) saves the CPU generator's state, and each
-    CUDA device's the inputs live on, at every checkpointed call, random ops or not."""
-    return len(tuple(regions)) * rng_state_bytes(devices)
+    CUDA device's the inputs live on, at every checkpointed call, random ops or not; and while it
+    recomputes, ``fork_rng`` holds one more copy (the state to restore after the replay: 5,056 B
+    measured beside a BERT layer's recomputation at the step's peak)."""
+    regions = tuple(regions)
+    return (len(regions) + 1) * rng_state_bytes(devices) if regions else 0
 
 
 def _fixed_bytes(graph: nx.DiGraph) -> int:
@@ -361,15 +364,18 @@ def solve_native(profile: profiler.Profile, model: torch.nn.Module, budget_bytes
                      method=METHOD)
 
 
-def measure_native(model: torch.nn.Module, regions, example_inputs, loss_fn, repeats: int = 1):
+def measure_native(model: torch.nn.Module, regions, example_inputs, loss_fn, repeats: int = 1,
+                   warm_up: bool = True):
     """One training step of ``model`` with ``regions`` checkpointed, measured, then undone. The
     parameters' ``.grad`` are left as they were: a planning step's gradients would otherwise be
-    added to the user's first real step's (RNG and buffers are restored by measure_step)."""
+    added to the user's first real step's (RNG and buffers are restored by measure_step).
+    ``warm_up=False``: no warm-up step before the measured one on CPU (the model ran in this process
+    already: planner/fallback.py, measure_planned_step)."""
     from .fallback import measure_planned_step  # measure_step, the parameters' .grad restored
 
     try:
         apply_native(model, regions)
-        return measure_planned_step(model, example_inputs, loss_fn, repeats)
+        return measure_planned_step(model, example_inputs, loss_fn, repeats, warm_up=warm_up)
     finally:
         remove_native(model)
 

@@ -130,8 +130,11 @@ class _ModuleTagger:
         self.owner: dict[int, str] = {}  # autograd sequence number -> module name
         self.handles = []
 
-    def _set(self, module: str, phase: str) -> None:
-        fx_traceback.current_meta["custom"] = {"module": module, "phase": phase}
+    def _set(self, module: str, phase: str, autograd_node: int | None = None) -> None:
+        tags = {"module": module, "phase": phase}
+        if autograd_node is not None:
+            tags["autograd_node"] = autograd_node
+        fx_traceback.current_meta["custom"] = tags
 
     def _pre(self, module, args):
         self.stack.append(self.names.get(module, type(module).__name__))
@@ -158,7 +161,9 @@ class _ModuleTagger:
             handle.remove()
 
     def tag_backward(self, roots) -> None:
-        """Pre-hooks on every autograd node reachable from ``roots`` set the tag of its backward ops."""
+        """Pre-hooks on every autograd node reachable from ``roots`` set the tag of its backward ops:
+        the module, and the node's number (eager autograd holds a node's saved tensors and incoming
+        gradients until the node's last op: solvers/regions.py, autograd_node_holds)."""
         seen, stack = set(), [r for r in roots if r is not None]
         while stack:
             node = stack.pop()
@@ -166,9 +171,10 @@ class _ModuleTagger:
                 continue
             seen.add(node)
             module = self.owner.get(node._sequence_nr(), "")
+            number = len(seen)
 
-            def hook(grad_outputs, module=module):
-                self._set(module, "backward")
+            def hook(grad_outputs, module=module, number=number):
+                self._set(module, "backward", number)
 
             node.register_prehook(hook)
             stack.extend(fn for fn, _ in node.next_functions if fn is not None)

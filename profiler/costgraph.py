@@ -138,6 +138,8 @@ def build_cost_graph(joint: JointGraph, grouping: Grouping, times: OpTimes) -> n
             # policy decides on (solvers/regions.py); "" for a group of several ops.
             op=str(graph_nodes[group.units[0]].target) if len(group.units) == 1 else "",
         )
+        if group.autograd_node is not None:
+            cost.nodes[group.id]["autograd_node"] = group.autograd_node
         for extraction in extractions_of.get(group.id, ()):
             cost.add_node(
                 extraction.id, cost=0.0, mem=int(_bytes_of(extraction.values, storages)), workspace=0,

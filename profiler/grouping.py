@@ -58,6 +58,9 @@ class Group:
     exports: list[str] = field(default_factory=list)  # fx names of values others read (bases or aliases)
     value_class: str = NORMAL
     random: bool = False
+    # The autograd node whose backward ran every unit (profiler/capture.py's tag), None when the
+    # units are not all of one node (forward groups, coarse groupings).
+    autograd_node: int | None = None
 
 
 @dataclass
@@ -287,8 +290,10 @@ def _named_groups(runs: list[tuple[tuple, list[str]]], nodes: dict[str, fx.Node]
         k = seen.get((phase, module), 0)
         seen[(phase, module)] = k + 1
         prefix = "fw" if phase == "forward" else "bw"
+        autograd_nodes = {(nodes[u].meta.get("custom") or {}).get("autograd_node") for u in units}
         groups.append(Group(id=f"{prefix}:{module or '<root>'}#{k}", phase=phase, module=module, units=units,
-                            random=any(is_random(nodes[u]) for u in units)))
+                            random=any(is_random(nodes[u]) for u in units),
+                            autograd_node=autograd_nodes.pop() if len(autograd_nodes) == 1 else None))
     return groups
 
 

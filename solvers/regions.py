@@ -37,6 +37,7 @@ from collections.abc import Hashable, Iterable, Sequence
 
 import networkx as nx
 
+from .autograd_nodes import autograd_node_holds, first_of_node
 from .errors import Infeasible
 from .liveness import schedule_from_computes
 from .schedule import Schedule, SolverInfo
@@ -167,6 +168,8 @@ def region_costs(graph: nx.DiGraph, region: str) -> RegionCosts:
                        if v not in saved_set and graph.nodes[v].get("value_class") != MUTATION) if needed else ()
     inputs = tuple(dict.fromkeys(p for v in nodes for p in graph.predecessors(v) if p not in members))
     trigger = next((b for b in backward if any(p in members for p in graph.predecessors(b))), None)
+    if trigger is not None:  # the engine unpacks (and the checkpoint recomputes) as the node starts
+        trigger = first_of_node(graph, trigger)
     seconds = sum(float(graph.nodes[v]["cost"]) for v in recomputed)
     return RegionCosts(region, tuple(nodes), tuple(saved), recomputed, tuple(backward), inputs, seconds, trigger)
 
@@ -220,6 +223,7 @@ def region_graph(graph: nx.DiGraph, regions: Iterable[str]) -> nx.DiGraph:
     policy's cache keeps them while the recomputation stops before it reaches them)."""
     regions = list(regions)
     _check_disjoint(graph, regions)
+    graph = autograd_node_holds(graph)
     result = graph.copy()
     for region in regions:
         reason = checkpointable(graph, region)
@@ -238,8 +242,9 @@ def region_graph(graph: nx.DiGraph, regions: Iterable[str]) -> nx.DiGraph:
                 result.add_edge(twin(p) if p in recomputed else p, twin(v))
             for s in list(graph.successors(v)):
                 if s in backward:
+                    data = result.edges[v, s]
                     result.remove_edge(v, s)
-                    result.add_edge(twin(v), s)
+                    result.add_edge(twin(v), s, **data)
         if not parts.backward:
             continue
         last = parts.backward[-1]
@@ -329,6 +334,7 @@ class RegionModel:
     :func:`evaluate` (tests/test_regions.py checks it)."""
 
     def __init__(self, graph: nx.DiGraph):
+        graph = autograd_node_holds(graph)
         self.graph = graph
         self.order = _trace_order(graph)
         self.index = {v: i for i, v in enumerate(self.order)}

@@ -1,0 +1,81 @@
+"""The native executor's prediction where eager autograd's timing of frees matters: a backward node
+holds what it reads until its last op (solvers/autograd_nodes.py), and a recomputation holds one
+more generator state (planner/native.py, _rng_bytes)."""
+
+from __future__ import annotations
+
+import networkx as nx
+import pytest
+import torch
+
+import profiler
+from planner.native import _fixed_bytes, _rng_bytes, measure_native
+from solvers.autograd_nodes import autograd_node_holds, first_of_node
+from solvers.regions import RegionModel, evaluate
+
+
+def _node(graph, name, mem, kind, number=None):
+    graph.add_node(name, mem=mem, workspace=0, cost=1.0, kind=kind, module="m")
+    if number is not None:
+        graph.nodes[name]["autograd_node"] = number
+
+
+def _two_op_backward() -> nx.DiGraph:
+    """x -> y (forward, both saved); a backward node 7 of two ops: g1 reads x, g2 reads y."""
+    graph = nx.DiGraph()
+    _node(graph, "x", 100, "forward")
+    _node(graph, "y", 10, "forward")
+    _node(graph, "g1", 1, "backward", 7)
+    _node(graph, "g2", 50, "backward", 7)
+    graph.add_edges_from([("x", "y"), ("x", "g1"), ("y", "g2"), ("g1", "g2")])
+    graph.nodes["g2"]["output"] = True
+    return graph
+
+
+def test_a_backward_node_holds_what_its_first_op_read_until_its_last_op():
+    graph = _two_op_backward()
+    held = autograd_node_holds(graph)
+    assert held.has_edge("x", "g2") and held.edges["x", "g2"]["hold"]
+    assert not graph.has_edge("x", "g2")  # the caller's graph is not changed
+    # Per op, x is freed after g1 (peak y + g1 + g2 = 61 at g2, x + y at the start = 110); held to
+    # the node's end, g2 runs beside x: 100 + 10 + 1 + 50.
+    assert evaluate(graph, ()).outcome.peak_bytes == 161
+    assert RegionModel(graph).peak_and_cost(())[0] == 161
+
+
+def test_graphs_without_node_numbers_are_left_as_they_are():
+    graph = _two_op_backward()
+    for name in ("g1", "g2"):
+        del graph.nodes[name]["autograd_node"]
+    assert autograd_node_holds(graph) is graph
+    assert first_of_node(graph, "g2") == "g2"
+
+
+def test_the_recomputation_starts_at_the_first_op_of_the_unpacking_node():
+    graph = _two_op_backward()
+    assert first_of_node(graph, "g2") == "g1"
+
+
+def _tiny_bert():
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.BertConfig(vocab_size=128, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                     intermediate_size=64, max_position_embeddings=128, hidden_dropout_prob=0.1,
+                                     attention_probs_dropout_prob=0.1, pad_token_id=0)
+    model = transformers.AutoModelForMaskedLM.from_config(config).train()
+    ids = torch.randint(0, 128, (4, 64), generator=torch.Generator().manual_seed(1))
+    return model, {"input_ids": ids, "labels": ids}, (lambda output: output.loss)
+
+
+def test_the_last_layers_checkpointed_attention_is_predicted_within_a_generator_state():
+    """Before the node rule, the last layer's attention, checkpointed, measured 65,280 B (1.2%) above
+    its prediction: BmmBackward0 holds the value and the incoming gradient through its second bmm,
+    at the step's peak (its recomputation runs as the backward starts)."""
+    model, inputs, loss_fn = _tiny_bert()
+    graph = profiler.profile(model, inputs, loss_fn=loss_fn, fuse_loss=False).regroup("op").graph
+    for region in ("bert.encoder.layer.1.attention.self", "bert.encoder.layer.1"):
+        predicted = _fixed_bytes(graph) + evaluate(graph, (region,)).outcome.peak_bytes + _rng_bytes((region,), [])
+        measured = measure_native(model, (region,), inputs, loss_fn).peak_bytes
+        # Never under; over by at most 0.5% (the extra generator state is counted for the whole
+        # recomputation, and 256 B more in the attention: 5,312 B over of 2.9 MB).
+        assert 0 <= predicted - measured <= 0.005 * measured, (region, predicted, measured)
