@@ -51,6 +51,7 @@ def plan(
     profile: profiler.Profile | None = None,
     executor: str | None = None,
     distributed: str | None = None,
+    compile: bool = False,
 ) -> Plan:
     """Profile ``model``'s training step on ``example_inputs`` and solve for ``budget``.
 
@@ -82,6 +83,13 @@ def plan(
     Raises :class:`BudgetInfeasible` (with ``min_budget``, the lower of the two) when the budget
     cannot be met.
 
+    ``compile=True`` (native executor only) prices the plan on the step as it will run compiled,
+    ``torch.compile(planner.apply(model, plan))``: a :class:`planner.compiled.CompiledNativePlan`
+    whose peak and step time are the compiled step's, measured (the model compiled with candidate
+    regions checkpointed, a few compiles: planner/compiled.py), and a ``"N%"`` budget is N% of the
+    compiled un-checkpointed step's measured peak. It calls ``torch._dynamo.reset()`` before each
+    compile. ``BudgetInfeasible.min_budget`` is then the least compiled peak measured.
+
     A model whose forward the tracer cannot follow (Python control flow on tensor values) gets a
     :class:`planner.fallback.ModuleChainPlan` instead, with a :class:`FallbackWarning`: whole blocks
     checkpointed with torch.utils.checkpoint, its figures measured (see :func:`plan_untraceable`).
@@ -93,6 +101,9 @@ def plan(
     executor = _executor(executor, solver)
     if distributed_problem(distributed):
         raise SolverError(distributed_problem(distributed) + " (docs/native.md, 'Several processes')")
+    if compile:
+        return _plan_compiled(model, example_inputs, parsed, solver, executor, loss_fn, time_limit, granularity,
+                              profile, distributed)
     if executor == "native":
         return _plan_native(model, example_inputs, parsed, loss_fn, time_limit, granularity, profile, distributed)
     if distributed is not None:
@@ -246,6 +257,33 @@ def _plan_native(model, example_inputs, parsed, loss_fn, time_limit, granularity
                               "measured in this process) would not count the wrapper; plan without distributed= "
                               "and a budget that leaves the wrapper's memory free") from None
         return plan_untraceable(model, example_inputs, parsed, loss_fn=loss_fn, reason=error.reason)
+    except BudgetInfeasible:
+        raise
+    except Infeasible as error:
+        raise BudgetInfeasible(str(error), min_budget=error.min_budget, method=error.method) from None
+
+
+def _plan_compiled(model, example_inputs, parsed, solver, executor, loss_fn, time_limit, granularity, profile,
+                   distributed) -> Plan:
+    """plan(..., compile=True): the native executor's regions priced on the compiled step."""
+    if executor != "native":
+        raise SolverError(
+            f"compile=True prices native plans only (torch.utils.checkpoint regions run under torch.compile); "
+            f"executor={executor!r} with solver {solver!r} is not accepted: use executor='native' (the default) with "
+            f"solver {' or '.join(repr(s) for s in NATIVE_SOLVERS)}, or for a traced plan plan without compile= and "
+            "run it compiled with planner.apply(model, plan, compile=True)")
+    if distributed is not None:
+        raise SolverError("compile=True measures the compiled step in this process, unwrapped: distributed= is not "
+                          "counted there; plan without one of them")
+    from .compiled import plan_compiled_native
+
+    try:
+        return plan_compiled_native(model, example_inputs, parsed, loss_fn=loss_fn, time_limit=time_limit,
+                                    granularity=granularity, profile=profile)
+    except profiler.TraceError as error:
+        raise SolverError(f"compile=True plans regions from the model's trace, and this model's step cannot be traced "
+                          f"({error.reason}): plan without compile=True (a fallback plan of whole blocks) and wrap "
+                          "the result in torch.compile") from None
     except BudgetInfeasible:
         raise
     except Infeasible as error:
