@@ -2,15 +2,19 @@
 
 - If the un-checkpointed step fits, store-all: nothing to recompute, nothing to search.
 - Otherwise the fast planners on the chain view (``dp``, optimal in the chain model, and
-  ``chen-greedy``). On graphs of at most :data:`EXACT_MAX_NODES` nodes, ``orderfree`` (the
-  order-free relaxation of solvers/orderfree: its laid-out optimum, and a bound valid over every
-  schedule in every order) with :data:`ORDERFREE_SHARE` of the exact methods' seconds
-  (``time_limit``, default :data:`DEFAULT_EXACT_SECONDS`); when its bound meets the cheapest
-  schedule's cost, that schedule is proven optimal and nothing else runs.
-- Otherwise, on those graphs, ``cpsat`` with the rest of those seconds, hinted with the fast
-  methods' schedules. The cheapest schedule wins; its ``lower_bound`` is the best bound
-  any of them proved (the order-free one, or cpsat's own), its status ``optimal`` when that bound
-  meets its cost and ``feasible`` with the gap otherwise; the message says which bound certifies.
+  ``chen-greedy``).
+- Then, on graphs of at most :data:`ORDERFREE_MAX_NODES` nodes, with the exact methods' seconds
+  (``time_limit``, default :data:`DEFAULT_EXACT_SECONDS`): on graphs with repeated blocks (a block
+  class of at least :data:`solvers.hierarchical.REPEATED_MEMBERS` members: every transformer
+  layer the same) ``hierarchical`` with :data:`HIERARCHICAL_SHARE` of them (its block program's
+  plan, started from the fast methods' schedules, and the order-free relaxation's bound), else
+  ``orderfree`` with :data:`ORDERFREE_SHARE` (its laid-out optimum, and the same bound); when the
+  bound meets the cheapest schedule's cost, that schedule is proven optimal and nothing else runs.
+- Otherwise, on graphs of at most :data:`EXACT_MAX_NODES` nodes, ``cpsat`` with the rest of those
+  seconds, hinted with the fast methods' schedules. The cheapest schedule wins; its ``lower_bound``
+  is the best bound any of them proved (the order-free one, or cpsat's own), its status
+  ``optimal`` when that bound meets its cost and ``feasible`` with the gap otherwise; the message
+  says which bound certifies.
 """
 
 from __future__ import annotations
@@ -28,17 +32,27 @@ from .store_all import store_all_schedule
 # it does on the 21-node chain and the skip graphs of up to 101 nodes, but on the chains of 51-201
 # nodes and the GPT-2 and MLP graphs its proven gap stays at 8.6-14.2% (1.1% on the U-Net).
 EXACT_MAX_NODES = 250
+# orderfree (and hierarchical, which runs its relaxation) up to this many nodes: measured in
+# docs/solvers-benchmark.md at 60 s, the 1001-node chain +12.1% certified within 0.4% in 25-26 s,
+# the 1001-node skip graph proven optimal in 6.5-17.9 s, the 595-node 48-layer GPT-2 within 0.5% in
+# 52-56 s. Larger graphs are not measured.
+ORDERFREE_MAX_NODES = 1001
 DEFAULT_EXACT_SECONDS = 30.0
 FAST_METHODS = ("dp", "chen-greedy")
-# Then, on graphs of at most EXACT_MAX_NODES nodes: orderfree (its laid-out optimum and a bound over
-# every order), and cpsat only where that bound does not prove the cheapest schedule optimal.
-EXACT_METHODS = ("orderfree", "cpsat")
+# Then orderfree or hierarchical (up to ORDERFREE_MAX_NODES nodes: a laid-out schedule and a bound
+# over every order), and cpsat (up to EXACT_MAX_NODES) only where that bound does not prove the
+# cheapest schedule optimal.
+EXACT_METHODS = ("orderfree", "hierarchical", "cpsat")
 # orderfree's share of the exact methods' seconds (time_limit, or DEFAULT_EXACT_SECONDS); cpsat
 # gets what it leaves. Measured (docs/solvers.md): orderfree proves Checkmate's chains and skip
 # graphs of 21-101 nodes and a 161-node U-Net optimal in 0.1-15 s, where cpsat's own search proved
 # none of the chains of 51-101 nodes in 60 s; on GPT-2 module graphs cpsat finds the cheaper
 # schedules and orderfree's bound certifies them.
 ORDERFREE_SHARE = 0.5
+# hierarchical's share on graphs with repeated blocks: its relaxation's MILP and window search use
+# most of a minute on the 12-layer GPT-2 module graphs (docs/solvers.md), and cpsat's bound there
+# is about the cost of computing everything once.
+HIERARCHICAL_SHARE = 0.9
 # A cost within this relative distance of a bound is proven optimal (the solvers' tolerance).
 OPTIMALITY_TOLERANCE = 1e-7
 
@@ -54,21 +68,35 @@ def solve_auto(graph, budget: int, time_limit: float | None = None) -> Schedule:
         )
     tried: list[tuple[str, Schedule | None]] = []
     minimums: list[int] = []
-    small = graph.number_of_nodes() <= EXACT_MAX_NODES
+    nodes = graph.number_of_nodes()
     exact_seconds = time_limit or DEFAULT_EXACT_SECONDS
     exact_started = None
-    for method in (*FAST_METHODS, *EXACT_METHODS) if small else FAST_METHODS:
+    methods = list(FAST_METHODS)
+    share = ORDERFREE_SHARE
+    if nodes <= ORDERFREE_MAX_NODES:
+        from .hierarchical import REPEATED_MEMBERS, repeated_blocks
+
+        if repeated_blocks(graph) >= REPEATED_MEMBERS:
+            methods.append("hierarchical")
+            share = HIERARCHICAL_SHARE
+        else:
+            methods.append("orderfree")
+    if nodes <= EXACT_MAX_NODES:
+        methods.append("cpsat")
+    for method in methods:
         if method == "cpsat" and _proven(tried):
             break  # the order-free bound already proves the cheapest schedule optimal
-        limit = time_limit
-        if method == "orderfree":
+        limit, options = time_limit, {}
+        if method in ("orderfree", "hierarchical"):
             exact_started = time.perf_counter()
-            limit = exact_seconds * ORDERFREE_SHARE
-        elif method == "cpsat":  # what orderfree left of the exact methods' seconds, at least a share
-            used = time.perf_counter() - exact_started
-            limit = max(exact_seconds - used, exact_seconds * (1 - ORDERFREE_SHARE) / 2)
+            limit = exact_seconds * share
+            if method == "hierarchical":  # it starts its relaxation from the fast methods' schedules
+                options["starts"] = [s for _, s in tried if s is not None]
+        elif method == "cpsat":  # what the relaxation left of the exact methods' seconds, at least a share
+            used = time.perf_counter() - (exact_started or time.perf_counter())
+            limit = max(exact_seconds - used, exact_seconds * (1 - share) / 2)
         try:
-            tried.append((method, solve(graph, budget, method=method, time_limit=limit)))
+            tried.append((method, solve(graph, budget, method=method, time_limit=limit, **options)))
         except Infeasible as error:
             tried.append((method, None))
             if error.min_budget is not None:
@@ -112,7 +140,8 @@ def _best_bound(found) -> tuple[float, str] | None:
     for method, schedule in found:
         value = schedule.info.lower_bound
         if value is not None and (bound is None or value > bound[0]):
-            words = "the order-free relaxation's bound" if method == "orderfree" else f"{method}'s bound"
+            words = ("the order-free relaxation's bound" if method in ("orderfree", "hierarchical")
+                     else f"{method}'s bound")
             bound = (value, words)
     return bound
 

@@ -100,8 +100,10 @@ FIRST_SOLVE_SHARE = 0.8
 # dp's schedule joins the MILP's starts only where every chain view has at most this many stages
 # (solvers/orderfree/method.py's QUICK_DP_STAGES: dp then plans in about a second).
 QUICK_DP_STAGES = 100
-# A class with at least this many members makes a graph one "with repeated blocks" (auto).
+# A class with at least this many members, of blocks of at least MIN_BLOCK_NODES nodes, makes a
+# graph one "with repeated blocks" (auto).
 REPEATED_MEMBERS = 3
+MIN_BLOCK_NODES = 4
 # A cost within this relative distance of the bound is proven optimal (the solvers' tolerance).
 OPTIMALITY_TOLERANCE = 1e-7
 
@@ -177,10 +179,13 @@ def block_classes(view: ChainView) -> tuple[list[int], list[dict]]:
 
 
 def repeated_blocks(graph) -> int:
-    """The most members any block class has in the graph's first chain view (1: nothing repeats)."""
+    """The most members any class of blocks of at least :data:`MIN_BLOCK_NODES` nodes has in the
+    graph's first chain view (0: no such block; 1: none repeats). A stage of one forward node and
+    its gradient (Checkmate's linear graphs) is no layer: its menu has one option."""
     view = chain_views(graph)[0]
     classes, _ = block_classes(view)
-    return max((classes.count(c) for c in set(classes)), default=0)
+    big = [c for c in classes if len(view.forward[c]) + len(view.backward[c]) >= MIN_BLOCK_NODES]
+    return max((big.count(c) for c in set(big)), default=0)
 
 
 # -- menus ----------------------------------------------------------------------------------------
