@@ -8,7 +8,11 @@ checkpoint_sequential with sqrt(N) segments); torch.compile with activation_memo
 plan at the measured peak of each baseline, run eagerly (ours@...) and as two inductor-compiled
 graphs (ours-compiled@..., planner.apply(..., compile=True); its first step, which compiles, timed
 apart); these are traced plans. The native executor's plan (planner.plan's default) at 100% and at
-each baseline's measured peak, eagerly (native@...) and under torch.compile (native-compiled@...). Peaks are measured by profiler.measure_step (the CPU allocator's events replayed;
+each baseline's measured peak, eagerly (native@...) and under torch.compile (native-compiled@...),
+priced on the eager step. The native plan priced on the compiled step (planner.plan(...,
+compile=True)) at each baseline's measured peak, run as torch.compile(planner.apply(model, plan))
+(compiled-native@...). --no-traced skips the traced plans, --no-compiled-native the last rows.
+Peaks are measured by profiler.measure_step (the CPU allocator's events replayed;
 max_memory_allocated on CUDA), step times are medians of --rounds timed steps after a warm-up, with
 all methods interleaved round by round because these machines drift; ratios are to no
 checkpointing in the same run, as the ratio of the medians and paired (the median over rounds of
@@ -42,6 +46,9 @@ from models import BENCHMARKS, Benchmark  # noqa: E402
 from planner.files import write_atomic  # noqa: E402
 
 MiB = 2**20
+# Every compiled model of a run is a variant of the same forward code (the baselines', the plans'):
+# past dynamo's default limit of 8 it would run the rest eagerly.
+torch._dynamo.config.recompile_limit = 64
 SOLVERS = ["chen-sqrtn", "chen-greedy", "revolve", "dp", "ilp", "cpsat"]
 COMPILE_RATIOS = [1.0, 0.5, 0.1]
 
@@ -88,12 +95,25 @@ def _fresh(bench: Benchmark, base: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
+class WithMemoryBudget(torch.nn.Module):
+    """torch.compile'd model whose every call runs under ``activation_memory_budget=ratio``: the
+    partitioner reads it when the forward compiles, and a compile-priced plan's search resets
+    torch._dynamo (planner/compiled.py), after which this model compiles again at its next call."""
+
+    def __init__(self, compiled: torch.nn.Module, ratio: float):
+        super().__init__()
+        self.compiled = compiled
+        self.ratio = ratio
+
+    def forward(self, *args, **kwargs):
+        with torch._functorch.config.patch(activation_memory_budget=self.ratio):
+            return self.compiled(*args, **kwargs)
+
+
 def _compiled(bench: Benchmark, base, ratio: float, inputs):
-    model = _fresh(bench, base)
-    compiled = torch.compile(model)
+    compiled = WithMemoryBudget(torch.compile(_fresh(bench, base)), ratio)
     started = time.perf_counter()
-    with torch._functorch.config.patch(activation_memory_budget=ratio):
-        training_step(compiled, inputs, bench.loss_fn)  # compiles forward and backward
+    training_step(compiled, inputs, bench.loss_fn)  # compiles forward and backward
     return compiled, time.perf_counter() - started
 
 
@@ -149,8 +169,37 @@ def _native_rows(bench: Benchmark, base, inputs, rows: dict, modules: dict, with
                                                                      loss_fn=bench.loss_fn, repeats=1).peak_bytes
 
 
+def _compiled_native_rows(bench: Benchmark, base, inputs, rows: dict, modules: dict) -> None:
+    """The native executor priced on the compiled step (``planner.plan(..., compile=True)``,
+    planner/compiled.py) at each baseline's and each torch.compile's measured peak, run as
+    ``torch.compile(planner.apply(model, plan))`` (compiled-native@...; its first step, which
+    compiles, timed apart; planning includes the search's own compiles)."""
+    profile = profile_for(base, inputs, loss_fn=bench.loss_fn)  # unfused: what the eager regions model
+    targets = {key: r.measured_peak for key, r in list(rows.items()) if r.kind in ("baseline", "compile")}
+    for label, budget in targets.items():
+        key = f"compiled-native@{label}"
+        model = _fresh(bench, base)
+        started = time.perf_counter()
+        try:
+            plan = planner.plan(model, inputs, budget=budget, loss_fn=bench.loss_fn, profile=profile, compile=True)
+        except PLAN_FAILURES as error:
+            rows[key] = _failed_row(key, "compiled-native", budget, label, error)
+            continue
+        rows[key] = _plan_row(key, "compiled-native", plan, label, time.perf_counter() - started)
+        rows[key].status = f"{plan.compiles} compiles in planning"
+        rows[key].note = f"{len(plan.regions)} region(s): {', '.join(plan.regions)}"[:120]
+        modules[key] = torch.compile(planner.apply(model, plan))
+        started = time.perf_counter()
+        training_step(modules[key], inputs, bench.loss_fn)  # compiles forward and backward
+        rows[key].compile_seconds = time.perf_counter() - started
+        gc.collect()
+        rows[key].measured_peak = profiler.measure_step(modules[key], inputs, loss_fn=bench.loss_fn,
+                                                        repeats=1).peak_bytes
+
+
 def run_model(name: str, rounds: int, fractions: list[float], solvers: list[str], time_limit: float,
-              with_compile: bool, with_compiled_plans: bool = True, with_native: bool = True) -> dict:
+              with_compile: bool, with_compiled_plans: bool = True, with_native: bool = True,
+              with_traced: bool = True, with_compiled_native: bool = True) -> dict:
     bench = BENCHMARKS[name]
     torch.manual_seed(0)
     base = bench.build()
@@ -175,7 +224,7 @@ def run_model(name: str, rounds: int, fractions: list[float], solvers: list[str]
             modules[key], seconds = _compiled(bench, base, ratio, inputs)
             rows[key] = Row(key, "compile", compile_seconds=seconds, note=f"activation_memory_budget={ratio:g}")
 
-    for solver in solvers:
+    for solver in solvers if with_traced else []:
         for fraction in fractions:
             key = f"{solver}@{fraction:.0%}"
             started = time.perf_counter()
@@ -195,7 +244,7 @@ def run_model(name: str, rounds: int, fractions: list[float], solvers: list[str]
 
     # Our best plan at each baseline's measured peak.
     best_solver = "auto"
-    for key in [k for k, r in rows.items() if r.kind in ("baseline", "compile")]:
+    for key in [k for k, r in rows.items() if r.kind in ("baseline", "compile") and with_traced]:
         match = f"ours@{key}"
         budget = rows[key].measured_peak
         started = time.perf_counter()
@@ -223,6 +272,8 @@ def run_model(name: str, rounds: int, fractions: list[float], solvers: list[str]
 
     if with_native:
         _native_rows(bench, base, inputs, rows, modules, with_compiled_plans)
+    if with_compiled_native:
+        _compiled_native_rows(bench, base, inputs, rows, modules)
 
     # Step times: every method once per round, interleaved; the first round warms up.
     for round_index in range(rounds + 1):
@@ -311,8 +362,9 @@ def plot(result: dict, path: str) -> None:
                         for r in rows if r["kind"] == "plan" and r["method"].startswith(solver + "@"))
         axes.plot(*zip(*points), marker="o", label=f"ours: {solver}")
     for r in rows:
-        if r["kind"] in ("none", "baseline", "compile", "matched-compiled"):
-            marker = {"compile": "^", "matched-compiled": "*"}.get(r["kind"], "s")
+        if r["kind"] in ("none", "baseline", "compile", "matched-compiled", "native-compiled", "compiled-native"):
+            marker = {"compile": "^", "matched-compiled": "*", "native-compiled": "v",
+                      "compiled-native": "P"}.get(r["kind"], "s")
             axes.scatter(r["measured_peak"] / MiB, 100 * (r["measured_seconds"] / none["measured_seconds"] - 1),
                          marker=marker, s=60, label=r["method"], zorder=3)
     axes.set_xlabel("measured peak of the training step (MiB)")
@@ -338,6 +390,10 @@ def main(argv=None) -> int:
     parser.add_argument("--no-native", action="store_true", help="skip the native executor's rows (native@...)")
     parser.add_argument("--no-compiled-plans", action="store_true",
                         help="skip our matched plans run compiled (planner.apply(..., compile=True))")
+    parser.add_argument("--no-traced", action="store_true",
+                        help="skip the traced plans (the --solvers sweep and ours@...)")
+    parser.add_argument("--no-compiled-native", action="store_true",
+                        help="skip the native plans priced on the compiled step (compiled-native@...)")
     parser.add_argument("--out", default=os.path.join(os.path.dirname(HERE), "docs", "benchmarks"))
     parser.add_argument("--redraw", action="store_true",
                         help="measure nothing: rewrite each model's table and plot from its JSON in --out")
@@ -350,7 +406,8 @@ def main(argv=None) -> int:
                 result = json.load(file)
         else:
             result = run_model(name, args.rounds, fractions, args.solvers.split(","), args.time_limit,
-                               not args.no_compile, not args.no_compiled_plans, not args.no_native)
+                               not args.no_compile, not args.no_compiled_plans, not args.no_native,
+                               not args.no_traced, not args.no_compiled_native)
         table = markdown(result)
         print(table, flush=True)
         write_atomic(os.path.join(args.out, f"{name}.md"), table)

@@ -352,7 +352,8 @@ def apply(model: torch.nn.Module, plan: Plan, compile: bool = False) -> torch.nn
         if compile:
             raise ValueError(
                 "compile=True compiles a traced plan's schedule; a native plan runs the model's own forward with "
-                "torch.utils.checkpoint, which torch.compile honours: call torch.compile(model) after apply()")
+                "torch.utils.checkpoint, which torch.compile honours: call torch.compile(model) after apply() (and plan with "
+                "compile=True to price the plan on the compiled step)")
         return runtime.apply_native_plan(model, plan)
     if isinstance(plan, ModuleChainPlan):
         if compile:

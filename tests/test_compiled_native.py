@@ -56,7 +56,7 @@ def test_compile_is_for_the_native_executor(small):
         planner.plan(model, inputs, "50%", compile=True, distributed="ddp")
 
 
-def test_percent_of_the_compiled_step_and_regions_that_fit_it(stand_in, small):
+def test_percent_of_the_compiled_step_and_regions_that_fit_it(stand_in, small, tmp_path):
     model, inputs, profile = small
     plan = planner.plan(model, inputs, "60%", compile=True, profile=profile)
     assert isinstance(plan, CompiledNativePlan) and plan.executor == "native"
@@ -74,6 +74,9 @@ def test_percent_of_the_compiled_step_and_regions_that_fit_it(stand_in, small):
     assert chosen.eager_target_bytes > plan.budget_bytes
     assert "compiled" in plan.summary() and "torch.compile(planner.apply(model, plan))" in plan.summary()
     assert plan.to_dict()["compiled"]["compiles"] == plan.compiles
+    plan.save(tmp_path / "plan.json")  # the native format, its compiled figures in a section of their own
+    loaded = planner.load(tmp_path / "plan.json")
+    assert isinstance(loaded, planner.NativePlan) and loaded.regions == plan.regions
     assert not hasattr(model.get_submodule("0"), "_native_region")  # the search leaves the model as it was
     assert all("forward" not in m.__dict__ for m in model.modules())
 
