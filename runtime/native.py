@@ -39,6 +39,7 @@ import torch.utils.checkpoint as torch_checkpoint
 
 from .module import PlanMismatch
 from .guards import fsdp2_sharded
+from .rnn import install_for_regions, remove_rnn_stages
 
 _SEGMENT = re.compile(r"^(?P<path>.*)\[(?P<start>\d+):(?P<stop>\d+)\]$")
 _GUARD = "_native_shape_guard"
@@ -223,6 +224,8 @@ def apply_native(model: torch.nn.Module, regions, planned_shapes: dict | None = 
     earlier :func:`apply_native` did.
     """
     remove_native(model)
+    # A region inside a stacked RNN's stages ("rnn.stages.2", runtime/rnn.py) needs the stages installed.
+    install_for_regions(model, regions)
     resolved: list[tuple[torch.nn.Module, tuple[int, int] | None, SavePolicy | None]] = []
     for region in regions:
         path, span, policy_name = parse_region(region)
@@ -272,10 +275,12 @@ def apply_native_plan(model: torch.nn.Module, plan) -> torch.nn.Module:
 
 
 def remove_native(model: torch.nn.Module) -> torch.nn.Module:
-    """Undo :func:`apply_native`: every module's forward is its class's again."""
+    """Undo :func:`apply_native`: every module's forward is its class's again (a stacked RNN's
+    stages, runtime/rnn.py, are removed too)."""
     for module in model.modules():
         if isinstance(module.__dict__.get("forward"), (CheckpointedForward, SegmentedForward, RecomputedBatchNorm)):
             del module.__dict__["forward"]
+    remove_rnn_stages(model)
     # No handle is kept (a RemovableHandle holds a weak reference: torch.save of the model would fail).
     for key, hook in list(model._forward_pre_hooks.items()):
         if hook is _check_shapes:
