@@ -133,9 +133,9 @@ def _bound(graph, budget: int, found: list[_Plan], clock: Clock) -> tuple[float 
     hand (:data:`WINDOWS_SHARE` of the time); then the MILP started from the cheapest schedule so
     far (its dual bound, and its incumbent laid out); then the window search again with what is
     left. The windows' restricted solves bound nothing: only the LP's and the MILP's bounds count."""
-    from .orderfree import OrderFreeModel, choose_milestones
-    from .orderfree.method import START_MAX_COLUMNS, schedule_point, start_from
-    from .orderfree.model import Relaxation
+    from ..orderfree import OrderFreeModel, choose_milestones
+    from ..orderfree.method import START_MAX_COLUMNS, schedule_point, start_from
+    from ..orderfree.model import Relaxation
 
     costs = node_costs(graph)
     seconds = Clock(clock.share(BOUND_SHARE))
@@ -190,8 +190,8 @@ def _bound(graph, budget: int, found: list[_Plan], clock: Clock) -> tuple[float 
 def _windows(graph, model, start: _Plan, costs, budget: int, clock: Clock, schedule_point) -> list[_Plan]:
     """Passes of the window search (solvers/orderfree/windows.py) from ``start``'s point in the
     model, while a pass finds a cheaper laid-out schedule and ``clock`` has time."""
-    from .orderfree.model import Relaxation
-    from .orderfree.windows import improve_by_windows
+    from ..orderfree.model import Relaxation
+    from ..orderfree.windows import improve_by_windows
 
     point = schedule_point(model, [(kind, costs.index[v]) for kind, v in start.schedule])
     if point is None:
