@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import itertools
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import networkx as nx
 
@@ -108,7 +108,7 @@ class Option:
     """One way to run stage i: keep ``saved`` (forward nodes, besides ``x_{i+1}``) from its forward
     with grad to its backward, which first recomputes ``recompute`` (in this order). Sizes in bytes:
     ``xbar`` what the forward leaves held (``x_{i+1}`` included), ``ftmp`` the forward's scratch
-    above it, ``btmp`` the backward's scratch above ``x_i`` and its parameter gradients; ``bw`` the
+    above it, ``btmp`` the backward's scratch above ``y_i`` and its parameter gradients; ``bw`` the
     backward's seconds, recomputations included."""
 
     saved: frozenset
@@ -121,12 +121,19 @@ class Option:
 
 @dataclass(frozen=True)
 class OptionChain:
-    """A chain (solvers/chainmodel.py) whose stages each have several options, ``fwd_tmp`` the
-    scratch of a forward without grad (above ``x[i+1]``)."""
+    """A chain (solvers/chainmodel.py: its ``fw``, ``bw`` and ``gout``) whose stages each have
+    several options; ``fwd_tmp`` the scratch of a forward without grad (above ``x[i+1]``); ``x``
+    and ``y`` the sizes of the activations ``x_i`` and of the gradients ``y_i`` (i <= L), which
+    the chain model takes equal (dp counts the larger for both: on a GPT-2 module graph a layer's
+    output with its saved tensors, 5.5 MB, for a 130 kB gradient); ``btmp_loss`` the loss op's
+    scratch above ``y_L`` and its outputs."""
 
     chain: Chain
     options: tuple  # options[i]: tuple of Option for stage i < L
     fwd_tmp: tuple
+    x: tuple
+    y: tuple
+    btmp_loss: int
 
 
 def _candidates(view: ChainView, stage: int, crossing: set) -> list:
@@ -154,17 +161,16 @@ def _recompute(view: ChainView, stage: int, kept: set) -> tuple:
     return tuple(v for v in forward if v in need)
 
 
-def _option(view: ChainView, stage: int, saved: frozenset, crossing: set, x_next: int, x_here: int,
-            outputs: set, gout: int, y: set) -> Option:
+def _option(view: ChainView, stage: int, saved: frozenset, crossing: set, outputs: set, gout: int, y: set) -> Option:
     graph, reserved = view.graph, view.reserved
     forward, backward = view.forward[stage], view.backward[stage]
     kept = crossing | set(saved)
-    xbar = max(x_next, _bytes(graph, kept - reserved))
+    xbar = _bytes(graph, kept - reserved)
     peak, _ = _local_peak(graph, forward, kept, reserved)
     recompute = _recompute(view, stage, kept | reserved)
     bpeak, _ = _local_peak(graph, recompute + tuple(backward), y | outputs, reserved)
     bw = sum(graph.nodes[v]["cost"] for v in recompute + tuple(backward))
-    return Option(frozenset(saved), recompute, xbar, max(0, peak - xbar), max(0, bpeak - x_here - gout), bw)
+    return Option(frozenset(saved), recompute, xbar, max(0, peak - xbar), max(0, bpeak - _bytes(graph, y) - gout), bw)
 
 
 def _subsets(view: ChainView, stage: int, candidates: list) -> list[frozenset]:
@@ -176,6 +182,21 @@ def _subsets(view: ChainView, stage: int, candidates: list) -> list[frozenset]:
     return [frozenset(order[k:]) for k in range(len(order) + 1)]
 
 
+def _backward_sets(view: ChainView, stage: int) -> tuple[set, set]:
+    """(results op ``B_stage`` leaves held to the end, ``y_stage``'s nodes), as solvers/chain.py
+    counts them: outputs and gradients read further down than the next stage; those the next
+    stage's backward reads."""
+    graph, stage_of, reserved = view.graph, view.stage_of, view.reserved
+    backward_nodes = {v for nodes in view.backward for v in nodes}
+    nodes = view.backward[stage] if stage < view.length else view.forward[stage] + view.backward[stage]
+    kept = {b for b in nodes if is_output(graph, b) and b not in reserved}
+    kept |= {b for b in view.backward[stage] if not is_output(graph, b)
+             and any(s in backward_nodes and stage_of[s] < stage - 1 for s in graph.successors(b))}
+    y = {b for b in view.backward[stage] if any(s in backward_nodes and stage_of[s] == stage - 1
+                                                for s in graph.successors(b))}
+    return kept, y
+
+
 def option_chain(view: ChainView) -> tuple[OptionChain, list[int]]:
     """The view's chain with a menu per stage, computed once per block class (:func:`block_classes`)
     and mapped onto each member; also each stage's class."""
@@ -183,29 +204,51 @@ def option_chain(view: ChainView) -> tuple[OptionChain, list[int]]:
     graph, length, reserved = view.graph, view.length, view.reserved
     classes, mappings = block_classes(view)
     stage_of = view.stage_of
-    backward_nodes = {v for nodes in view.backward for v in nodes}
     crossing_next = []  # x_{i+1}'s nodes: forward results of stages <= i read at stages > i
     for i in range(length):
         crossing_next.append({u for j in range(i + 1) for u in view.forward[j] if u not in reserved
                               and any(stage_of.get(s, -1) > i for s in graph.successors(u))})
+    x = [0] + [_bytes(graph, nodes) for nodes in crossing_next]
+    sets = [_backward_sets(view, i) for i in range(length + 1)]
+    y = [_bytes(graph, ys) for _, ys in sets]
     menus: dict[int, list[frozenset]] = {}
     options, fwd_tmp = [], []
     for i in range(length):
         peak_nograd, _ = _local_peak(graph, view.forward[i], crossing_next[i], reserved)
-        fwd_tmp.append(max(0, peak_nograd - chain.x[i + 1]))
-        outputs = {b for b in view.backward[i] if is_output(graph, b) and b not in reserved}
-        outputs |= {b for b in view.backward[i] if not is_output(graph, b)
-                    and any(s in backward_nodes and stage_of[s] < i - 1 for s in graph.successors(b))}
-        y = {b for b in view.backward[i] if any(s in backward_nodes and stage_of[s] == i - 1
-                                                 for s in graph.successors(b))}
+        fwd_tmp.append(max(0, peak_nograd - x[i + 1]))
         first = classes[i]
         if first not in menus:  # the class's menu: saved sets on its first member's nodes
             menus[first] = _subsets(view, first, _candidates(view, first, crossing_next[first]))
         mapping = mappings[i]
-        made = [_option(view, i, frozenset(mapping[u] for u in saved), crossing_next[i], chain.x[i + 1],
-                        chain.x[i], outputs, chain.gout[i], y) for saved in menus[first]]
+        outputs, ys = sets[i]
+        made = [_option(view, i, frozenset(mapping[u] for u in saved), crossing_next[i], outputs, chain.gout[i], ys)
+                for saved in menus[first]]
         options.append(tuple(_pareto(made)))
-    return OptionChain(chain, tuple(options), tuple(fwd_tmp)), classes
+    outputs, ys = sets[length]
+    peak, _ = _local_peak(graph, view.forward[length] + view.backward[length], ys | outputs, reserved)
+    loss_tmp = max(0, peak - y[length] - chain.gout[length])
+    return OptionChain(chain, tuple(options), tuple(fwd_tmp), tuple(x), tuple(y), loss_tmp), classes
+
+
+def dp_accounting(oc: OptionChain) -> OptionChain:
+    """``oc`` with dp's sizes: an activation and a gradient each counted as the larger of the two
+    (xbar at least x_{i+1}), the scratch left as the same peak above them. The program plans on
+    both: exact gradient sizes find cheaper plans on the GPT-2 module graphs (a 130 kB gradient
+    counted as a 5.5 MB layer output), dp's on some of Checkmate's linear graphs, where the lowered
+    plans of the exact sizes overshot and cost up to 65% more than dp's at the same budget."""
+    x = tuple(max(a, b) for a, b in zip(oc.x, oc.y))
+    options = []
+    for i, stage in enumerate(oc.options):
+        made = []
+        for o in stage:
+            xbar = max(o.xbar, x[i + 1])
+            made.append(replace(o, xbar=xbar, ftmp=max(0, o.ftmp + o.xbar - xbar),
+                                btmp=max(0, o.btmp + oc.y[i] - x[i])))
+        options.append(tuple(made))
+    length = len(oc.options)
+    fwd_tmp = tuple(max(0, t + oc.x[i + 1] - x[i + 1]) for i, t in enumerate(oc.fwd_tmp))
+    return replace(oc, options=tuple(options), fwd_tmp=fwd_tmp, x=x, y=x,
+                   btmp_loss=max(0, oc.btmp_loss + oc.y[length] - x[length]))
 
 
 def _pareto(options: list[Option]) -> list[Option]:

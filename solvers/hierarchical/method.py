@@ -19,7 +19,7 @@ from ..options import schedule_from, time_limit_or_default
 from ..schedule import FEASIBLE, OPTIMAL, Schedule
 from ..simulate import simulate
 from ..store_all import store_all_schedule
-from .blocks import OptionChain, option_chain
+from .blocks import OptionChain, dp_accounting, option_chain
 from .program import Program, lower, solve_program
 
 METHOD = "hierarchical"
@@ -59,25 +59,30 @@ def _plans(graph, budget: int, clock: Clock) -> tuple[_Plan | None, int, list[st
     for number, view in enumerate(chain_views(graph)):
         if number and clock.expired():
             break
-        oc, classes = option_chain(view)
-        chain = oc.chain
-        top = sum(chain.x) + sum(max(o.xbar for o in opts) for opts in oc.options) + sum(chain.gout) \
-            + max([o.btmp for opts in oc.options for o in opts] + [chain.btmp[-1]] + list(oc.fwd_tmp)) + 1
-        program = solve_program(oc, top)
-        row = program.value[0, chain.length]
-        finite = np.flatnonzero(np.isfinite(row))
-        if not len(finite):
-            continue
-        lowered = _search(graph, view, oc, program, [int(m) for m in finite if m == finite[0] or row[m] != row[m - 1]],
-                          budget)
-        least = min(least, min(peak for _, peak, _ in lowered.values()))
-        fits = [item for item in lowered.values() if item[1] <= budget]
-        if fits:
-            cost, peak, schedule = min(fits, key=lambda item: (item[0], item[1]))
-            if best is None or (cost, peak) < (best.cost, best.peak):
-                best = _Plan(cost, peak, schedule,
-                             f"the block program's plan ({view.length} stages in {len(set(classes))} block classes, "
-                             f"{sum(len(o) for o in oc.options)} options, {program.levels} memory levels)")
+        exact, classes = option_chain(view)
+        for oc, sizes in ((exact, "gradients in their own bytes"), (dp_accounting(exact), "dp's sizes")):
+            chain = oc.chain
+            # Above the plan that keeps everything: x_0, every stage's largest xbar, two gradients,
+            # the parameter gradients and the largest scratch.
+            top = oc.x[0] + sum(max(o.xbar for o in opts) for opts in oc.options) + 2 * max(oc.y) \
+                + sum(chain.gout) + max([o.btmp for opts in oc.options for o in opts] + [oc.btmp_loss]
+                                        + list(oc.fwd_tmp)) + 1
+            program = solve_program(oc, top)
+            row = program.value[0, chain.length]
+            finite = np.flatnonzero(np.isfinite(row))
+            if not len(finite):
+                continue
+            changes = [int(m) for m in finite if m == finite[0] or row[m] != row[m - 1]]
+            lowered = _search(graph, view, oc, program, changes, budget)
+            least = min(least, min(peak for _, peak, _ in lowered.values()))
+            fits = [item for item in lowered.values() if item[1] <= budget]
+            if fits:
+                cost, peak, schedule = min(fits, key=lambda item: (item[0], item[1]))
+                if best is None or (cost, peak) < (best.cost, best.peak):
+                    best = _Plan(cost, peak, schedule,
+                                 f"the block program's plan ({view.length} stages in {len(set(classes))} block "
+                                 f"classes, {sum(len(o) for o in oc.options)} options, {sizes}, "
+                                 f"{program.levels} memory levels)")
         notes.append(f"view {number}: {view.length} stages")
     return best, int(least) if math.isfinite(least) else None, notes
 

@@ -23,6 +23,7 @@ class _Units:
     """The option chain's sizes in whole units of the grid (rounded up), per stage and option."""
 
     x: list
+    y: list
     xbar: list  # xbar[i][k]: stage i's option k
     ftmp: list
     btmp: list
@@ -79,14 +80,15 @@ class Program:
 def _units(oc: OptionChain, unit: int) -> _Units:
     up = lambda b: -(-int(b) // unit)  # noqa: E731 (sizes rounded up: plans fit in bytes)
     chain, length = oc.chain, oc.chain.length
-    x = [up(v) for v in chain.x] + [0]
+    x = [up(v) for v in oc.x] + [0]
+    y = [up(v) for v in oc.y] + [0]
     gout = [up(v) for v in chain.gout]
     G = [0] * (length + 2)
     for i in range(length, -1, -1):
         G[i] = G[i + 1] + gout[i]
-    return _Units(x, [[up(o.xbar) for o in oc.options[i]] for i in range(length)],
+    return _Units(x, y, [[up(o.xbar) for o in oc.options[i]] for i in range(length)],
                   [[up(o.ftmp) for o in oc.options[i]] for i in range(length)],
-                  [[up(o.btmp) for o in oc.options[i]] for i in range(length)] + [[up(chain.btmp[length])]],
+                  [[up(o.btmp) for o in oc.options[i]] for i in range(length)] + [[up(oc.btmp_loss)]],
                   [up(v) for v in oc.fwd_tmp], G, gout)
 
 
@@ -121,15 +123,15 @@ def solve_program(oc: OptionChain, top: int, levels: int = LEVELS, unit: int | N
             best = np.full(M + 1, inf)
             pick = np.full(M + 1, -1, dtype=np.int32)
             if i == length:  # the loss
-                need = 2 * u.x[length] + u.G[length] + u.btmp[length][0]
+                need = u.x[length] + u.y[length] + u.G[length] + u.btmp[length][0]
                 best[need:] = chain.bw[length]
                 pick[need:] = -2
                 value[i, l], choice[i, l] = best, pick
                 continue
-            tail = u.x[l + 1] + u.G[l + 1]
+            tail = u.y[l + 1] + u.G[l + 1]  # y_{l+1} and the gradients left by the stages after l
             for k in range(len(oc.options[i])):  # (b) the stage's option k
                 xbar, ftmp, btmp = u.xbar[i][k], u.ftmp[i][k], u.btmp[i][k]
-                need = max(u.x[i] + tail + xbar + ftmp, 2 * u.x[i] + xbar + u.x[i + 1] + u.G[i] + btmp)
+                need = max(u.x[i] + tail + xbar + ftmp, u.x[i] + xbar + u.y[i + 1] + u.y[i] + u.G[i] + btmp)
                 rest = zero if i + 1 > l else value[i + 1, l]
                 candidate = fw[i] + bws[i][k] + shifted(rest, u.x[i] + xbar - u.x[i + 1])
                 candidate[: min(need, M + 1)] = inf
