@@ -24,6 +24,7 @@ tools reading any plan keep working; they are a description, not what the figure
 
 from __future__ import annotations
 
+import statistics
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -36,7 +37,8 @@ import runtime
 from profiler.capture import CaptureError, autocast_state, default_loss
 from profiler.costgraph import fingerprint as graph_fingerprint
 from profiler.inputs import input_layout, normalise_inputs
-from profiler.memory import StepMeasurement, measure_step
+from profiler.allocations import allocated_while
+from profiler.memory import StepMeasurement, measure_step, resident_bytes
 from profiler.state import cuda_devices, preserved_state
 from solvers import Infeasible, Schedule, simulate
 from solvers.schedule import COMPUTE, FREE
@@ -306,17 +308,56 @@ class _Measurer:
         return self.cache[count]
 
 
-def measure_planned_step(module, example_inputs, loss_fn, repeats: int) -> StepMeasurement:
+def measure_planned_step(module, example_inputs, loss_fn, repeats: int, warm_up: bool = True) -> StepMeasurement:
     """profiler.memory.measure_step (peak in bytes, seconds per step over ``repeats``), leaving the
     parameters' ``.grad`` as they were: planning must not train, and a planning step's gradients would
     otherwise be added to the user's first real step's. Used by this fallback and by
-    planner/native.py's measured native plans."""
+    planner/native.py's measured native plans.
+
+    ``warm_up=False`` (on CPU; CUDA always warms up) measures the peak on the first step, without
+    measure_step's warm-up step: for a model whose ops have all run already in this process (the
+    native planner measures after profiling), which leaves nothing lazy to initialise (the peaks of
+    9 zoo models, eager and planned, were the same bytes either way). There ``repeats=0`` measures
+    the peak alone: ``seconds`` is NaN and ``runs`` 0."""
     grads = [(p, p.grad) for p in module.parameters()]
     try:
-        return measure_step(module, example_inputs, loss_fn=loss_fn, repeats=repeats)
+        if warm_up:
+            return measure_step(module, example_inputs, loss_fn=loss_fn, repeats=max(repeats, 1))
+        return _measure_step_warm(module, example_inputs, loss_fn, repeats)
     finally:
         for p, grad in grads:
             p.grad = grad
+
+
+def _measure_step_warm(module, example_inputs, loss_fn, repeats: int) -> StepMeasurement:
+    """measure_step without its warm-up step on CPU: the step whose allocations are recorded comes
+    first, then ``repeats`` timed steps (the recorded one warms them up). On CUDA, measure_step."""
+    args, kwargs = normalise_inputs(example_inputs)
+    tensors = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+    if cuda_devices([*module.parameters(), *tensors]):  # first steps allocate cuBLAS workspaces, streams
+        return measure_step(module, example_inputs, loss_fn=loss_fn, repeats=max(repeats, 1))
+    loss_fn = loss_fn or default_loss
+
+    def step():  # as measure_step's: the output held through the backward, as a training loop holds it
+        for p in module.parameters():
+            p.grad = None
+        output = module(*args, **kwargs)
+        loss = loss_fn(output)
+        loss.backward()
+        del output, loss
+
+    with preserved_state(module):
+        for p in module.parameters():
+            p.grad = None
+        resident = resident_bytes(module, tensors)
+        step_peak, _ = allocated_while(step)
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            step()
+            times.append(time.perf_counter() - start)
+    seconds = statistics.median(times) if times else float("nan")
+    return StepMeasurement(resident + step_peak, resident, step_peak, seconds, repeats, "cpu")
 
 
 def choose_count(measure: _Measurer, budget: int, unplanned: StepMeasurement, order: list[BlockCost],

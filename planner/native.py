@@ -393,6 +393,8 @@ def plan_native(model: torch.nn.Module, example_inputs, budget: Budget, loss_fn=
     refuse_wrapped(model)
     extra = wrapper_bytes(model, distributed)
     remove_native(model)  # re-planning a model planned before: trace its own forward
+    # Profiling runs every op of the step: the measurements after it need no warm-up step (on CPU).
+    warm = profile is None
     if profile is None:
         # Unfused: eager autograd runs the cross-entropy backward as two logits-sized ops.
         profile = profiler.profile(model, example_inputs, loss_fn=loss_fn, granularity=granularity, fuse_loss=False)
@@ -405,7 +407,8 @@ def plan_native(model: torch.nn.Module, example_inputs, budget: Budget, loss_fn=
     eager = None
     if measure and budget.percent is not None:
         # "N%" is of the eager step's measured peak (docs/native.md, "Which step '100%' is").
-        eager = measure_native(model, (), example_inputs, loss_fn)
+        # Its peak alone (its time is not used: the plan's own step is timed) where profiling warmed up.
+        eager = measure_native(model, (), example_inputs, loss_fn, repeats=0 if warm else 1, warm_up=not warm)
         eager = replace(eager, peak_bytes=eager.peak_bytes + extra)
         unplanned_peak = eager.peak_bytes
     budget_bytes = budget.resolve(unplanned_peak)
@@ -416,6 +419,9 @@ def plan_native(model: torch.nn.Module, example_inputs, budget: Budget, loss_fn=
     # (a few bytes above the measurement on a tiny model made "100%" infeasible).
     attempts = 0 if eager is not None and eager.peak_bytes <= budget_bytes else REPAIRS + 1
     if attempts == 0:
+        if eager.runs == 0:  # the plan is the eager step: time it
+            eager = replace(measure_native(model, (), example_inputs, loss_fn, warm_up=False),
+                            peak_bytes=eager.peak_bytes)
         solved, held, measured = evaluate(op_graph, ()), fixed, eager
     for _ in range(attempts):
         try:
@@ -425,7 +431,7 @@ def plan_native(model: torch.nn.Module, example_inputs, budget: Budget, loss_fn=
         except Infeasible as error:
             minimum = None if error.min_budget is None else error.min_budget + fixed
             least = _least_if_it_measures_within(profile, model, example_inputs, loss_fn, distributed, budget_bytes,
-                                                 minimum, measure, time_limit)
+                                                 minimum, measure, time_limit, warm_up=not warm)
             if least is not None:
                 solved, held, measured = least
                 break
@@ -438,7 +444,7 @@ def plan_native(model: torch.nn.Module, example_inputs, budget: Budget, loss_fn=
                 + _cache_hint(model), min_budget=minimum, method=METHOD) from None
         if not measure:
             break
-        measured = measure_native(model, solved.regions, example_inputs, loss_fn)
+        measured = measure_native(model, solved.regions, example_inputs, loss_fn, warm_up=not warm)
         measured = replace(measured, peak_bytes=measured.peak_bytes + wrapper_bytes(model, distributed, solved.regions))
         if measured.peak_bytes <= budget_bytes:
             break
@@ -476,7 +482,7 @@ NEAR_MISS = 0.02  # a least predicted peak this close above the budget is measur
 
 
 def _least_if_it_measures_within(profile, model, example_inputs, loss_fn, distributed, budget_bytes: int,
-                                 minimum: int | None, measure: bool, time_limit):
+                                 minimum: int | None, measure: bool, time_limit, warm_up: bool = True):
     """The least-peak plan, when its predicted peak is within :data:`NEAR_MISS` above the budget and
     its measured peak is within it: the prediction is an estimate of eager checkpointing (it
     over-predicts by up to a few tenths of a percent: docs/native.md), the measurement decides."""
@@ -486,7 +492,7 @@ def _least_if_it_measures_within(profile, model, example_inputs, loss_fn, distri
         solved, held = solve_native(profile, model, minimum, time_limit, distributed=distributed)
     except Infeasible:
         return None
-    measured = measure_native(model, solved.regions, example_inputs, loss_fn)
+    measured = measure_native(model, solved.regions, example_inputs, loss_fn, warm_up=warm_up)
     measured = replace(measured, peak_bytes=measured.peak_bytes + wrapper_bytes(model, distributed, solved.regions))
     return (solved, held, measured) if measured.peak_bytes <= budget_bytes else None
 

@@ -1,13 +1,21 @@
 """Measure what each op of the joint graph costs on the model's device.
 
-The graph is run a few times as a whole, op by op, with real tensors (a real training step each time,
-so caches are as warm as in training), and each op's time is the least over the runs: another
-process's load only ever adds to an op's time, so the least is the sample it disturbed least (with
-medians, two profiles of a 6-layer GPT-2 on a loaded 2-core machine chose different regions at 2 of
-3 budgets; with the least, the same at all 3). On a GPU
-every op is bracketed by CUDA events; on CPU by the wall clock. The RNG is reset before each run, so
-every run draws the same numbers, and restored afterwards. Buffer mutations (``copy_`` into a
-buffer) are not executed: measuring must not change the model.
+The graph is run as a whole, op by op, with real tensors (a real training step each time, so caches
+are as warm as in training): one warm-up run, then at least two timed runs. Each op's time is the
+least over the samples of its **signature** (the aten op and its arguments' shapes, strides, dtypes
+and other values): the ops of a model's repeated blocks are the same computation, so a 12-layer
+transformer's layer ops get 12 samples per run instead of one, and every instance of them gets the
+same time. Another process's load only ever adds to an op's time, so the least is the sample it
+disturbed least (with medians, two profiles of a 6-layer GPT-2 on a loaded 2-core machine chose
+different regions at 2 of 3 budgets; with the least, the same at all 3). An op whose signature
+occurs fewer than ``repeats`` times in the graph is called again in place (same inputs, result
+dropped) until it has ``repeats`` samples, unless it mutates its inputs or draws random numbers. A
+third run (up to ``max(repeats, 2)`` in all) is made only when the second moved the step's total
+by more than :data:`SETTLED` from the first.
+
+On a GPU every op is bracketed by CUDA events; on CPU by the wall clock. The RNG is reset before
+each run, so every run draws the same numbers, and restored afterwards. Buffer mutations (``copy_``
+into a buffer) are not executed: measuring must not change the model.
 """
 
 from __future__ import annotations
@@ -19,6 +27,7 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.fx as fx
+import torch.utils._pytree as pytree
 
 from .allocations import cpu_allocations, cpu_memory_profile, replay
 from .state import cuda_devices, get_rng_state, set_rng_state
@@ -29,9 +38,9 @@ CUDA_BLOCK_BYTES = 512
 
 @dataclass(frozen=True)
 class OpTimes:
-    seconds: dict[str, float]  # fx node name -> least seconds of one execution over the runs
-    runs: int
-    step_seconds: float  # median wall time of a whole run of the graph
+    seconds: dict[str, float]  # fx node name -> least seconds of one execution of its signature's samples
+    runs: int  # timed runs of the whole graph
+    step_seconds: float  # median wall time of a whole timed run of the graph (without in-place calls)
     # fx node name -> bytes the op's kernels allocate beyond its outputs while it runs (measured in
     # the warm-up run; ops without any are left out). CPU dropout's float noise tensor is one.
     scratch_bytes: dict[str, int] = field(default_factory=dict)
@@ -75,38 +84,109 @@ def _scratch_from_events(profile) -> dict[str, int]:
     return scratch
 
 
-def time_ops(graph_module: fx.GraphModule, inputs: list, repeats: int = 5) -> OpTimes:
-    """Run the graph ``repeats`` times on ``inputs`` (placeholders in order) and time every op.
+# Timed runs stop after the second when it moved the sum of the op times by at most this much from
+# the first (the region search treats plans within 2% of the step's time as equal).
+SETTLED = 0.01
+
+
+def time_ops(graph_module: fx.GraphModule, inputs: list, repeats: int = 3) -> OpTimes:
+    """Run the graph on ``inputs`` (placeholders in order) and time every op (the module docstring
+    says how many runs and samples): each op's least time over ``repeats`` or more samples.
 
     The warm-up run also measures each op's scratch memory (:attr:`OpTimes.scratch_bytes`): on CPU
     from the allocator's events (``torch.profiler`` with ``profile_memory``), on CUDA from
-    ``max_memory_allocated`` around the op."""
+    ``max_memory_allocated`` around the op; and each op's signature."""
     graph = graph_module.graph
     devices = cuda_devices(inputs)
     use_events = bool(devices)
     frees = _last_uses(graph)
-    samples: dict[str, list[float]] = {}
+    signatures: dict[str, tuple] = {}
     scratch: dict[str, int] = {}
     step_times = []
     saved_rng = get_rng_state(devices)
+    runs: list[dict[str, list[float]]] = []
     try:
-        for run in range(repeats + 1):  # the first run warms up (lazy initialisation, allocator)
-            warm_up = run == 0
-            # The memory profiler is entered and left by a context manager: an op that raises must
-            # not leave torch.profiler enabled (the process then crashed at exit, rc 139, even when
-            # the caller caught the error).
-            recording = cpu_memory_profile() if warm_up and not use_events else contextlib.nullcontext()
-            with recording as memory_profile:
-                step_times.append(_run_graph(graph_module, inputs, frees, warm_up, use_events, saved_rng,
-                                             samples, scratch))
-            if memory_profile is not None:
-                scratch.update(_scratch_from_events(memory_profile))
+        # The memory profiler is entered and left by a context manager: an op that raises must not
+        # leave torch.profiler enabled (the process then crashed at exit, rc 139, even when the
+        # caller caught the error).
+        recording = cpu_memory_profile() if not use_events else contextlib.nullcontext()
+        with recording as memory_profile:  # the warm-up: lazy initialisation, allocator, scratch
+            _run_graph(graph_module, inputs, frees, _WarmUp(use_events, scratch, signatures), saved_rng)
+        if memory_profile is not None:
+            scratch.update(_scratch_from_events(memory_profile))
+        extra = _extra_calls(graph, signatures, repeats)
+        while True:
+            samples: dict[str, list[float]] = {}
+            timing = _Timing(use_events, samples, extra if not runs else {})
+            step_times.append(_run_graph(graph_module, inputs, frees, timing, saved_rng))
+            runs.append(samples)
+            if len(runs) >= max(repeats, 2) or (len(runs) >= 2 and _settled(runs, signatures)):
+                break
     finally:
         set_rng_state(saved_rng)
-    # The warm-up run is not timed (its ops ran under the memory profiler or with allocator stats).
-    seconds = {name: min(times) for name, times in samples.items()}
-    return OpTimes(seconds, repeats, statistics.median(step_times[1:] if len(step_times) > 1 else step_times),
-                   scratch)
+    least = _least_by_signature(runs, signatures)
+    seconds = {name: least[signatures.get(name, name)] for name in runs[0]}
+    # The step's wall time from the runs without the in-place calls (all but the first).
+    return OpTimes(seconds, len(runs), statistics.median(step_times[1:] or step_times), scratch)
+
+
+def _signature(target, args, kwargs) -> tuple:
+    """What an op's time depends on, as far as it can be seen without its values: the op, and each
+    argument's shape, strides, storage offset, dtype and device (tensors) or value (the rest)."""
+    leaves, spec = pytree.tree_flatten((args, kwargs))
+    described = tuple(
+        ("tensor", tuple(leaf.shape), leaf.stride(), leaf.storage_offset(), leaf.dtype, leaf.device.type)
+        if isinstance(leaf, torch.Tensor) and leaf.layout == torch.strided
+        else ("tensor", id(leaf)) if isinstance(leaf, torch.Tensor)  # sparse, nested: never shared
+        else (type(leaf).__name__, repr(leaf))
+        for leaf in leaves
+    )
+    return (str(target), str(spec), described)
+
+
+def _repeatable(node: fx.Node) -> bool:
+    """Whether calling ``node``'s op again on the same inputs changes nothing: an aten op that
+    neither mutates an argument nor draws from a generator."""
+    target = node.target
+    return (isinstance(target, torch._ops.OpOverload) and not target._schema.is_mutable
+            and torch.Tag.nondeterministic_seeded not in target.tags)
+
+
+def _extra_calls(graph: fx.Graph, signatures: dict[str, tuple], repeats: int) -> dict[str, int]:
+    """fx name -> calls in place beyond its own in the first timed run: the first op of each
+    repeatable signature that has fewer than ``repeats`` instances, to bring it to ``repeats``."""
+    count: dict[tuple, int] = {}
+    for signature in signatures.values():
+        count[signature] = count.get(signature, 0) + 1
+    extra, given = {}, set()
+    for node in graph.nodes:
+        signature = signatures.get(node.name)
+        if signature is None or signature in given or count[signature] >= repeats or not _repeatable(node):
+            continue
+        given.add(signature)
+        extra[node.name] = repeats - count[signature]
+    return extra
+
+
+def _least_by_signature(runs: list[dict[str, list[float]]], signatures: dict[str, tuple]) -> dict:
+    """Signature (or fx name, for an op without one) -> least seconds over its samples in ``runs``."""
+    least: dict = {}
+    for samples in runs:
+        for name, times in samples.items():
+            key = signatures.get(name, name)
+            least[key] = min(least.get(key, float("inf")), *times)
+    return least
+
+
+def _settled(runs: list[dict[str, list[float]]], signatures: dict[str, tuple]) -> bool:
+    """Whether the last run moved the sum of the op times (each its signature's least) by at most
+    :data:`SETTLED` from the runs before it."""
+    before = _least_by_signature(runs[:-1], signatures)
+    after = _least_by_signature(runs, signatures)
+    names = list(runs[0])
+    total_before = sum(before[signatures.get(n, n)] for n in names)
+    total_after = sum(after[signatures.get(n, n)] for n in names)
+    return total_before <= 0 or (total_before - total_after) <= SETTLED * total_before
 
 
 def constant_value(graph_module: fx.GraphModule, target: str):
@@ -118,16 +198,64 @@ def constant_value(graph_module: fx.GraphModule, target: str):
     return value
 
 
-def _run_graph(graph_module: fx.GraphModule, inputs: list, frees: dict[str, list[str]], warm_up: bool,
-               use_events: bool, saved_rng, samples: dict[str, list[float]], scratch: dict[str, int]) -> float:
-    """One run of the whole graph, op by op, from ``saved_rng``; each op's time (seconds) appended to
-    ``samples`` (not in the warm-up run, whose ops run labelled for the memory profiler, or with
-    the CUDA allocator's statistics into ``scratch``). Returns the run's wall time in seconds."""
+class _WarmUp:
+    """The untimed first run: each op's scratch memory (labelled for the CPU memory profiler, or
+    from the CUDA allocator's statistics into ``scratch``) and its signature."""
+
+    def __init__(self, use_events: bool, scratch: dict[str, int], signatures: dict[str, tuple]):
+        self.use_events, self.scratch, self.signatures = use_events, scratch, signatures
+
+    def call(self, node: fx.Node, args, kwargs):
+        self.signatures[node.name] = _signature(node.target, args, kwargs)
+        if self.use_events:
+            return _cuda_with_scratch(node, args, kwargs, self.scratch)
+        with torch.profiler.record_function(SCRATCH_LABEL + node.name):
+            return node.target(*args, **kwargs)
+
+    def finish(self) -> None:
+        pass
+
+
+class _Timing:
+    """A timed run: each op's seconds appended to ``samples``, and ``extra[name]`` more calls of an
+    op in place, timed and their results dropped."""
+
+    def __init__(self, use_events: bool, samples: dict[str, list[float]], extra: dict[str, int]):
+        self.use_events, self.samples, self.extra = use_events, samples, extra
+        self.events = []
+
+    def call(self, node: fx.Node, args, kwargs):
+        result = self._timed(node, args, kwargs)
+        for _ in range(self.extra.get(node.name, 0)):
+            self._timed(node, args, kwargs)
+        return result
+
+    def _timed(self, node: fx.Node, args, kwargs):
+        if self.use_events:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            result = node.target(*args, **kwargs)
+            end.record()
+            self.events.append((node.name, start, end))
+            return result
+        start_time = time.perf_counter()
+        result = node.target(*args, **kwargs)
+        self.samples.setdefault(node.name, []).append(time.perf_counter() - start_time)
+        return result
+
+    def finish(self) -> None:
+        for name, start, end in self.events:
+            self.samples.setdefault(name, []).append(start.elapsed_time(end) / 1000.0)
+
+
+def _run_graph(graph_module: fx.GraphModule, inputs: list, frees: dict[str, list[str]], mode: _WarmUp | _Timing,
+               saved_rng) -> float:
+    """One run of the whole graph, op by op, from ``saved_rng``, each op called through ``mode``.
+    Returns the run's wall time in seconds."""
     set_rng_state(saved_rng)
     env: dict[str, object] = {}
-    events = []
     placeholders = iter(inputs)
-    if use_events:
+    if mode.use_events:
         torch.cuda.synchronize()
     run_start = time.perf_counter()
     with torch.no_grad():
@@ -139,27 +267,12 @@ def _run_graph(graph_module: fx.GraphModule, inputs: list, frees: dict[str, list
             elif node.op == "call_function" and not _is_buffer_mutation(node):
                 args = fx.node.map_arg(node.args, lambda n: env[n.name])
                 kwargs = fx.node.map_arg(node.kwargs, lambda n: env[n.name])
-                if warm_up and use_events:
-                    env[node.name] = _cuda_with_scratch(node, args, kwargs, scratch)
-                elif warm_up:
-                    with torch.profiler.record_function(SCRATCH_LABEL + node.name):
-                        env[node.name] = node.target(*args, **kwargs)
-                elif use_events:
-                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                    start.record()
-                    env[node.name] = node.target(*args, **kwargs)
-                    end.record()
-                    events.append((node.name, start, end))
-                else:
-                    start_time = time.perf_counter()
-                    env[node.name] = node.target(*args, **kwargs)
-                    samples.setdefault(node.name, []).append(time.perf_counter() - start_time)
+                env[node.name] = mode.call(node, args, kwargs)
             for value in frees.get(node.name, ()):
                 env.pop(value, None)
-    if use_events:
+    if mode.use_events:
         torch.cuda.synchronize()
-        for name, start, end in events:
-            samples.setdefault(name, []).append(start.elapsed_time(end) / 1000.0)
+    mode.finish()
     elapsed = time.perf_counter() - run_start
     env.clear()  # release the run's tensors before the next one
     return elapsed

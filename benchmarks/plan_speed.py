@@ -1,0 +1,114 @@
+"""Where planning time goes: ``planner.plan`` of the benchmark's GPT-2 (native, "N%"), phase by phase.
+
+Each run plans the same model end to end (``planner.plan(model, inputs, budget)``) and times its
+phases by wrapping the functions that do them: the trace (profiler/capture.py, make_fx), the
+op-by-op timing (profiler/measure.py time_ops), the eager step's measured peak (the "N%" base), the
+region search, the plan's measurement, and the rest (cost graphs, grouping, the plan's figures).
+The machine's load average is printed with each run: on a shared machine every phase that runs the
+model slows with it.
+
+    python benchmarks/plan_speed.py [--layers 12] [--budget 50%] [--runs 3] [--out docs/benchmarks/plan-speed.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import sys
+import time
+import warnings
+from collections import defaultdict
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+
+import planner  # noqa: E402
+from planner.planfile import PlanWarning  # noqa: E402
+import planner.native as native  # noqa: E402
+import profiler.api as profiler_api  # noqa: E402
+from examples import gpt2  # noqa: E402
+from tables import markdown_table, publish  # noqa: E402
+
+PHASES = ("trace", "op timing", "eager measure", "search", "plan measure")
+
+
+@contextlib.contextmanager
+def phase_timers(seconds: dict[str, float]):
+    """Wrap the functions of each phase so that their time adds to ``seconds[phase]``; the first
+    measure_native call of a plan is the eager step's, the later ones the plan's."""
+    calls = defaultdict(int)
+
+    def timed(module, name: str, phase_of):
+        original = getattr(module, name)
+
+        def wrapper(*args, **kwargs):
+            phase = phase_of(calls[name])
+            calls[name] += 1
+            started = time.perf_counter()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                seconds[phase] += time.perf_counter() - started
+
+        setattr(module, name, wrapper)
+        return original
+
+    wrapped = [
+        (profiler_api, "capture", timed(profiler_api, "capture", lambda n: "trace")),
+        (profiler_api, "time_ops", timed(profiler_api, "time_ops", lambda n: "op timing")),
+        (native, "solve_native", timed(native, "solve_native", lambda n: "search")),
+        (native, "measure_native", timed(native, "measure_native",
+                                         lambda n: "eager measure" if n == 0 else "plan measure")),
+    ]
+    try:
+        yield
+    finally:
+        for module, name, original in wrapped:
+            setattr(module, name, original)
+
+
+def run(layers: int, budget: str, runs: int) -> list[tuple]:
+    model, inputs = gpt2.build_model(layers=layers), gpt2.example_inputs()
+    rows = []
+    for index in range(runs):
+        seconds: dict[str, float] = defaultdict(float)
+        load = os.getloadavg()[0]
+        with phase_timers(seconds), warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            started = time.perf_counter()
+            plan = planner.plan(model, inputs, budget, loss_fn=gpt2.loss_fn)
+            total = time.perf_counter() - started
+        rest = total - sum(seconds[p] for p in PHASES)
+        warned = any(issubclass(w.category, PlanWarning) for w in caught)
+        rows.append((index + 1, f"{load:.1f}", f"{total:.1f}", *(f"{seconds[p]:.2f}" for p in PHASES), f"{rest:.2f}",
+                     len(plan.regions), f"{plan.predicted_seconds * 1000:.0f}", f"{plan.measured_seconds * 1000:.0f}",
+                     "yes" if warned else "no"))
+        print(*rows[-1], flush=True)
+    return rows
+
+
+HEADER = ("run", "load", "total s", *(f"{p} s" for p in PHASES), "rest s", "regions", "predicted step ms",
+          "measured step ms", "time warning")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--layers", type=int, default=12)
+    parser.add_argument("--budget", default="50%")
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args(argv)
+    start_load = os.getloadavg()[0]
+    rows = run(args.layers, args.budget, args.runs)
+    text = (f"`python benchmarks/plan_speed.py --layers {args.layers} --budget {args.budget} --runs {args.runs}`: "
+            f"`planner.plan` of a {args.layers}-layer GPT-2 (width 256, batch 4x128) at {args.budget}, in one process; "
+            f"load average {start_load:.1f} at the start, {os.getloadavg()[0]:.1f} at the end, on {os.cpu_count()} "
+            "cores ('load' is the 1-minute load average as each run started).\n\n"
+            + markdown_table(HEADER, rows) + "\n")
+    publish(text, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
