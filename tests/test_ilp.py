@@ -260,7 +260,7 @@ def test_set_budget_matches_a_fresh_model():
     moved.set_budget(17)
     fresh = ilp.build_model(costs, 17, scales)
     assert any(costs.workspace)
-    assert [row.getUb() for row, _ in moved.budget_rows] == [row.getUb() for row, _ in fresh.budget_rows]
+    assert list(moved.row_upper[moved.budget_rows]) == list(fresh.row_upper[fresh.budget_rows])
 
 
 def test_warm_start_values_satisfy_the_model_and_round_trip():
@@ -463,16 +463,19 @@ def test_an_unproven_minimum_is_a_timeout_not_infeasible():
 
 def test_the_time_limit_holds_while_building_the_model(monkeypatch):
     # Issue 17: ilp ran 135 s against --time-limit 120; building (and loading) the model was not
-    # charged to the limit. Here every row takes 1 ms to add: ~10 s per model of this graph.
+    # charged to the limit. Here every block of rows (one family at one stage) takes 50 ms to add:
+    # ~12 s per model of this graph.
     import time
 
-    add = ilp._Rows.add
+    from solvers.ilp import model as ilp_model
+
+    add = ilp_model._Blocks.add
 
     def slowly(self, *args, **kwargs):
-        time.sleep(0.001)
+        time.sleep(0.05)
         return add(self, *args, **kwargs)
 
-    monkeypatch.setattr(ilp._Rows, "add", slowly)
+    monkeypatch.setattr(ilp_model._Blocks, "add", slowly)
     graph = training_graph(30, seed=1)
     started = time.perf_counter()
     try:
@@ -482,6 +485,21 @@ def test_the_time_limit_holds_while_building_the_model(monkeypatch):
     else:  # the cheapest warm start stands, and the report says why
         assert schedule.info.status == "feasible" and "building Checkmate's model" in schedule.info.message
     assert time.perf_counter() - started < 2 + 1.5
+
+
+def test_a_model_too_large_for_the_time_left_is_refused_before_it_is_built(monkeypatch):
+    # The build time is estimated from the model's columns: a model that cannot be built in the time
+    # left is not started, and the cheapest warm start comes back saying so.
+    from solvers.ilp import model as ilp_model
+
+    graph = training_graph(30, seed=1)
+    costs = node_costs(graph)
+    columns = ilp.estimated_columns(costs)
+    assert ilp.build_model(costs, 30, ilp.Scales.of(costs)).num_cols <= columns
+    monkeypatch.setattr(ilp_model, "BUILD_SECONDS_PER_COLUMN", 100.0 / columns)  # ~100 s to build
+    schedule = solve(graph, 30, method="ilp", time_limit=10)
+    assert schedule.info.status == "feasible"
+    assert "would have" in schedule.info.message and "not built" in schedule.info.message
 
 
 def test_a_warm_start_heuristic_that_fails_is_a_loud_bug(monkeypatch):

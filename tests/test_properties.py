@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from contract import check_contract
 from graphs import chain, random_dag, store_all_peak, training_graph, trap_graph, with_extras
 from solvers import METHODS, Infeasible, simulate, solve
-from solvers.exhaustive import min_cost_schedule
+from solvers.exhaustive import min_cost_schedule, min_peak
 
 # ilp and cpsat search: keep their graphs small so that a hypothesis run stays in seconds.
 FAST_METHODS = ["store-all", "chen-sqrtn", "chen-greedy", "revolve", "dp"]
@@ -91,6 +91,33 @@ def test_fast_methods_claim_optimal_only_at_the_optimum(method, graph, fraction)
 @given(graph=graphs(9), fraction=st.floats(0.0, 1.2))
 def test_search_methods_claim_optimal_only_at_the_optimum(method, graph, fraction):
     check_claims(graph, int(fraction * store_all_peak(graph)), method, time_limit=20)
+
+
+def exhaustive_optimum(graph, budget: int) -> float | None:
+    try:
+        return min_cost_schedule(graph, budget).info.compute_cost
+    except Infeasible:
+        return None
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(graph=graphs(9))
+def test_cpsat_is_exact_and_ilp_honest_at_every_budget(graph):
+    # Every budget from one below the least peak to store-all's, on the search tests' graphs: cpsat
+    # (the exhaustive search decides in both phases up to 20 nodes) returns the exhaustive optimum
+    # and says "optimal", or Infeasible with the least peak; ilp never claims "optimal" above the
+    # optimum nor a lower bound above it (its fixed-order optimum is "optimal-in-order").
+    low, top = min_peak(graph), store_all_peak(graph)
+    for budget in range(low - 1, top + 1):
+        optimum = exhaustive_optimum(graph, budget)
+        if optimum is None:
+            with pytest.raises(Infeasible) as raised:
+                solve(graph, budget, method="cpsat", time_limit=20)
+            assert raised.value.min_budget == low
+        else:
+            info = solve(graph, budget, method="cpsat", time_limit=20).info
+            assert info.status == "optimal" and info.compute_cost == pytest.approx(optimum), (budget, info)
+        check_claims(graph, budget, "ilp", time_limit=20)
 
 
 # Graphs on which the fixed order of first computations costs something (ilp's optimum in its

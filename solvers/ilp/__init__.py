@@ -1,4 +1,5 @@
-"""``ilp``: Checkmate's MILP (Jain et al., MLSys 2020) on the whole DAG, solved with PuLP.
+"""``ilp``: Checkmate's MILP (Jain et al., MLSys 2020) on the whole DAG, built as sparse arrays and
+solved with HiGHS (highspy), or CBC through PuLP.
 
 Checkmate (§4 of the paper) fixes the order of *first* computations to one topological order
 (here the cheapest warm start's, else :func:`solvers.graph.topological_order`; nodes renamed
@@ -57,22 +58,21 @@ unknown ``backend``/``mode``; :class:`~solvers.errors.SolverUnavailable` when th
 missing.
 """
 
-from .backends import BACKENDS, Outcome, check_backend, run_backend
+from .backends import BACKENDS, Outcome, as_pulp, check_backend, load_highs, run_backend
 from .candidates import WARM_START_METHODS, Candidate, warm_start_candidates
 from .candidates import _candidate as _candidate  # noqa: F401 - tests check candidates with it
 from .exact import MAX_NODES, MODES, solve_ilp
 from .minimum import MinimumBudget, minimum_budget, model_lower_bound
-from .model import CheckmateModel, Scales, build_model
-from .model import _Rows as _Rows  # noqa: F401 - tests slow its rows down
+from .model import BUILD_SECONDS_PER_COLUMN, CheckmateModel, Scales, build_model, estimated_columns
 from .rounding import DEFAULT_ROUNDING_SAMPLES, Rounded, lp_rounding
 from .values import _check_values as _check_values  # noqa: F401 - tests check warm starts with it
 from .values import (compute_order, expressible, first_computation_order, least_recomputation,
                      model_values, schedule_of_order, stages_of_order)
 
 __all__ = [
-    "BACKENDS", "DEFAULT_ROUNDING_SAMPLES", "MAX_NODES", "MODES", "WARM_START_METHODS", "Candidate",
-    "CheckmateModel", "MinimumBudget", "Outcome", "Rounded", "Scales", "build_model", "check_backend",
-    "compute_order", "expressible", "first_computation_order", "least_recomputation", "lp_rounding",
-    "minimum_budget", "model_lower_bound", "model_values", "run_backend", "schedule_of_order",
+    "BACKENDS", "BUILD_SECONDS_PER_COLUMN", "DEFAULT_ROUNDING_SAMPLES", "MAX_NODES", "MODES", "WARM_START_METHODS", "Candidate",
+    "CheckmateModel", "MinimumBudget", "Outcome", "Rounded", "Scales", "as_pulp", "build_model", "check_backend",
+    "compute_order", "estimated_columns", "expressible", "first_computation_order", "least_recomputation", "load_highs",
+    "lp_rounding", "minimum_budget", "model_lower_bound", "model_values", "run_backend", "schedule_of_order",
     "solve_ilp", "stages_of_order", "warm_start_candidates",
 ]

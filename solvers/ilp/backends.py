@@ -1,5 +1,6 @@
-"""Solving a :class:`~solvers.ilp.model.CheckmateModel` with HiGHS (through highspy, loaded in bulk)
-or CBC: the outcome in the model's units, with the time limit charged for loading and read-back."""
+"""Solving a :class:`~solvers.ilp.model.CheckmateModel` with HiGHS (its arrays passed to highspy in
+one call) or CBC (through PuLP): the outcome in the model's units, with the time limit charged for
+loading and read-back."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ import os
 import re
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+
+import numpy as np
 
 from ..errors import SolverTimeout, SolverUnavailable
 from .model import CheckmateModel
@@ -18,8 +21,8 @@ LOG = logging.getLogger(__name__)
 
 BACKENDS = ("highs", "cbc")
 # HiGHS stops some time after its time_limit (an LP of 106,652 columns and 180,145 rows, the
-# 201-node training graph with 10 skips: 2.0 s run against a 0.9 s limit), and PuLP then reads
-# the solution back (0.6 s there): ~1.7 s for 286,797 entries, so this many seconds per column
+# 201-node training graph with 10 skips: 2.0 s run against a 0.9 s limit; measured when PuLP still
+# read the solution back, 0.6 s there): ~1.7 s for 286,797 entries, so this many seconds per column
 # and row are taken off the limit HiGHS is given (at most half of what is left).
 HIGHS_SECONDS_AFTER_LIMIT_PER_ENTRY = 6e-6
 
@@ -34,7 +37,7 @@ class Outcome:
     stopped: bool = False  # a time (or other) limit ended the search before it concluded
     objective: float | None = None
     bound: float | None = None
-    values: dict = field(default_factory=dict)
+    values: np.ndarray | None = None  # one value per column
 
 def _cbc(**options):
     """PuLP's bundled CBC (``PULP_CBC_CMD``), or ``COIN_CMD`` (a ``cbc`` on the PATH) where PuLP
@@ -57,8 +60,6 @@ def check_backend(backend: str) -> None:
     import importlib
     import importlib.util
 
-    if importlib.util.find_spec("pulp") is None:
-        raise SolverUnavailable("the ilp method needs PuLP (pip install pulp)")
     if backend == "highs":
         try:
             if importlib.util.find_spec("highspy") is None:
@@ -67,7 +68,10 @@ def check_backend(backend: str) -> None:
         except ImportError as error:
             raise SolverUnavailable(f"the 'highs' backend needs highspy (pip install highspy; {error}); "
                                     "or use backend='cbc'") from error
-    elif not _cbc(msg=False).available():
+        return
+    if importlib.util.find_spec("pulp") is None:
+        raise SolverUnavailable("the 'cbc' backend needs PuLP (pip install pulp); or use backend='highs'")
+    if not _cbc(msg=False).available():
         raise SolverUnavailable("the 'cbc' backend needs PuLP's bundled CBC, which is not available here; "
                                 "or use backend='highs'")
 
@@ -94,101 +98,54 @@ def run_interruptibly(highs) -> None:
         raise
 
 
-def _highs_solver(ends_at: float | None, threads, warm: dict | None, relax: bool, gap_abs: float | None,
-                  target: float | None, rows: list):
-    """PuLP's HiGHS solver for one run: ``ends_at`` (a ``time.perf_counter`` reading) ends it,
-    loading included; ``rows`` are the problem's constraints in the order they were added (the
-    model keeps them, so PuLP's private ``_constraints`` is not needed)."""
+def load_highs(model: CheckmateModel, relax: bool):
+    """A ``highspy.Highs`` holding ``model`` (without integrality when ``relax``), passed in one call
+    from its arrays, silent."""
     import highspy
-    import numpy as np
-    import pulp
 
-    class FastHighs(pulp.HiGHS):
-        """PuLP's HiGHS (through highspy), loading the model in bulk and with a MIP start.
+    highs = highspy.Highs()
+    highs.setOptionValue("output_flag", False)
+    integrality = (np.zeros(model.num_cols, dtype=np.int32) if relax
+                   else model.integer.astype(np.int32) * int(highspy.HighsVarType.kInteger))
+    status = highs.passModel(
+        model.num_cols, model.num_rows, model.num_nonzeros, int(highspy.MatrixFormat.kRowwise),
+        int(highspy.ObjSense.kMinimize), float(model.objective_constant), model.col_cost, model.col_lower,
+        model.col_upper, model.row_lower, model.row_upper, model.row_start[:-1].astype(np.int32),
+        model.row_index, model.row_value, integrality)
+    if status == highspy.HighsStatus.kError:
+        raise RuntimeError("ilp: HiGHS refused Checkmate's model (passModel failed)")
+    return highs
 
-        PuLP's own loader adds one column, one integrality change and one row per call (seconds on
-        a 45-node graph's 10^4 rows); here the columns, rows and integrality go in three calls.
-
-        PuLP's ``HiGHS`` class has no ``warmStart`` option (only ``HiGHS_CMD`` does, and it needs
-        the ``highs`` executable), so the start goes to highspy's ``setSolution`` between loading
-        the model and running it. HiGHS checks it ("MIP start solution is feasible, objective value
-        is ..." in its log) and takes it as the first incumbent: with a time limit too short to
-        find anything else, the start comes back as the solution (tests/test_ilp.py checks this).
-        An infeasible start is silently dropped, which is why :func:`_check_values` guards it.
-        """
-
-        def buildSolverModel(self, lp):
-            # Loading a model of 10^5-10^6 rows takes seconds: it is charged to the time limit.
-            def check(doing: str) -> None:
-                if ends_at is not None and time.perf_counter() > ends_at:
-                    raise SolverTimeout(f"ilp: the time limit passed while {doing}", method="ilp")
-
-            solver = lp.solverModel
-            variables = lp.variables()
-            for position, var in enumerate(variables):
-                var.index = position
-            objective = lp.objective
-            infinity = highspy.kHighsInf
-            solver.addCols(
-                len(variables),
-                np.array([objective.get(var, 0.0) for var in variables], dtype=np.float64),
-                np.array([-infinity if var.lowBound is None else var.lowBound for var in variables], dtype=np.float64),
-                np.array([infinity if var.upBound is None else var.upBound for var in variables], dtype=np.float64),
-                0, np.zeros(0, dtype=np.int32), np.zeros(0, dtype=np.int32), np.zeros(0, dtype=np.float64))
-            starts, indices, values, lower, upper = [], [], [], [], []
-            for position, row in enumerate(rows):  # the problem's own constraints, in its order
-                if position % 4096 == 0:
-                    check("loading the model into HiGHS")
-                row.index = position
-                starts.append(len(indices))
-                for var, coefficient in row.items():
-                    indices.append(var.index)
-                    values.append(coefficient)
-                low, high = row.getLb(), row.getUb()
-                lower.append(-infinity if low is None else low)
-                upper.append(infinity if high is None else high)
-            solver.addRows(len(starts), np.array(lower, dtype=np.float64), np.array(upper, dtype=np.float64),
-                           len(indices), np.array(starts, dtype=np.int32), np.array(indices, dtype=np.int32),
-                           np.array(values, dtype=np.float64))
-            integers = [var.index for var in variables if var.cat == pulp.LpInteger]
-            if self.mip and integers:
-                solver.changeColsIntegrality(len(integers), np.array(integers, dtype=np.int32),
-                                             np.full(len(integers), int(highspy.HighsVarType.kInteger), dtype=np.uint8))
-
-        def callSolver(self, lp):
-            if warm:
-                variables = lp.variables()
-                index = np.array([var.index for var in variables], dtype=np.int32)
-                value = np.array([warm.get(var, 0.0) for var in variables], dtype=np.float64)
-                lp.solverModel.setSolution(len(index), index, value)
-            if threads is not None:
-                # HiGHS keeps one thread pool per process, sized by the first run; a run asking
-                # for another size fails ("global scheduler has already been initialized")
-                # unless the pool is rebuilt first. Rebuilding it for every run that names a
-                # size costs milliseconds and keeps no record of the pool in this module.
-                highspy.Highs.resetGlobalScheduler(True)
-            if ends_at is not None:  # what loading left of the limit, less what ends the run
-                left = ends_at - time.perf_counter()
-                size = len(lp.variables()) + lp.numConstraints()
-                reserve = min(0.5 * left, HIGHS_SECONDS_AFTER_LIMIT_PER_ENTRY * size)
-                lp.solverModel.setOptionValue("time_limit", max(0.01, left - reserve))
-            run_interruptibly(lp.solverModel)
-
-    options = {}
-    if gap_abs is not None:
-        options["mip_abs_gap"] = gap_abs
-    if target is not None:
-        options["objective_target"] = target
-    return FastHighs(mip=not relax, msg=False, threads=threads, **options)
 
 def _run_highs(model: CheckmateModel, time_limit, threads, warm, relax, gap_abs, target=None) -> Outcome:
     import highspy
-    import pulp
 
-    problem = model.problem
     ends_at = None if time_limit is None else time.perf_counter() + time_limit
-    problem.solve(_highs_solver(ends_at, threads, warm, relax, gap_abs, target, model.rows))
-    highs = problem.solverModel
+    highs = load_highs(model, relax)
+    if gap_abs is not None:
+        highs.setOptionValue("mip_abs_gap", gap_abs)
+    if target is not None:
+        highs.setOptionValue("objective_target", target)
+    if threads is not None:
+        # HiGHS keeps one thread pool per process, sized by the first run; a run asking for another
+        # size fails ("global scheduler has already been initialized") unless the pool is rebuilt
+        # first. Rebuilding it for every run that names a size costs milliseconds.
+        highspy.Highs.resetGlobalScheduler(True)
+        highs.setOptionValue("threads", int(threads))
+    if warm is not None and not relax:
+        # HiGHS checks the start ("MIP start solution is feasible") and takes it as its first
+        # incumbent: with a time limit too short to find anything else, it comes back as the
+        # solution (tests/test_ilp.py checks this). An infeasible start is silently dropped, which is
+        # why :func:`_check_values` guards it.
+        values = np.asarray(warm, dtype=np.float64)
+        highs.setSolution(len(values), np.arange(len(values), dtype=np.int32), values)
+    if ends_at is not None:  # what loading left of the limit, less what ends the run
+        left = ends_at - time.perf_counter()
+        reserve = min(0.5 * left, HIGHS_SECONDS_AFTER_LIMIT_PER_ENTRY * (model.num_cols + model.num_rows))
+        if left <= 0:
+            raise SolverTimeout("ilp: the time limit passed while loading the model into HiGHS", method="ilp")
+        highs.setOptionValue("time_limit", max(0.01, left - reserve))
+    run_interruptibly(highs)
     status = highs.getModelStatus()
     info = highs.getInfo()
     kinds = highspy.HighsModelStatus
@@ -201,29 +158,53 @@ def _run_highs(model: CheckmateModel, time_limit, threads, warm, relax, gap_abs,
                            "or check HiGHS's log (e.g. a 'threads' option HiGHS refused)")
     outcome = Outcome(has_solution, status == kinds.kOptimal and has_solution, infeasible, stopped)
     if has_solution:
-        outcome.values = {var: var.varValue for var in model.variables}
-        outcome.objective = pulp.value(problem.objective)
-        # PuLP does not hand the objective's constant to HiGHS: shift HiGHS's bound by the
-        # difference between the objective as we evaluate it and as HiGHS reports it.
-        offset = outcome.objective - info.objective_function_value
+        outcome.values = np.array(highs.getSolution().col_value, dtype=np.float64)
+        outcome.objective = float(model.col_cost @ outcome.values) + model.objective_constant
         bound = info.objective_function_value if relax else info.mip_dual_bound
         if bound is not None and math.isfinite(bound):
-            outcome.bound = min(bound + offset, outcome.objective)
+            outcome.bound = min(bound, outcome.objective)
     return outcome
+
+
+def as_pulp(model: CheckmateModel):
+    """The model as a PuLP problem (for CBC): its variables in column order."""
+    import pulp
+
+    problem = pulp.LpProblem("checkmate", pulp.LpMinimize)
+    create = getattr(problem, "add_variable", pulp.LpVariable)  # PuLP >= 3.3 creates them through the problem
+    variables = []
+    for j in range(model.num_cols):
+        upper = None if math.isinf(model.col_upper[j]) else float(model.col_upper[j])
+        category = pulp.LpInteger if model.integer[j] else pulp.LpContinuous
+        variables.append(create(f"x{j}", float(model.col_lower[j]), upper, category))
+    index, value, start = model.row_index.tolist(), model.row_value.tolist(), model.row_start.tolist()
+    for row in range(model.num_rows):
+        terms = [(variables[index[e]], value[e]) for e in range(start[row], start[row + 1])]
+        lower, upper = float(model.row_lower[row]), float(model.row_upper[row])
+        expression = pulp.LpAffineExpression(terms)
+        if math.isfinite(lower):
+            problem.addConstraint(pulp.LpConstraint(expression, pulp.LpConstraintGE, f"g{row}", lower))
+        if math.isfinite(upper):
+            problem.addConstraint(pulp.LpConstraint(expression, pulp.LpConstraintLE, f"l{row}", upper))
+    problem.setObjective(pulp.LpAffineExpression(
+        [(variables[j], float(c)) for j, c in enumerate(model.col_cost) if c != 0],
+        constant=model.objective_constant))
+    return problem, variables
+
 
 def _run_cbc(model: CheckmateModel, time_limit, threads, warm, relax, gap_abs) -> Outcome:
     import pulp
 
-    problem = model.problem
-    if warm:
-        for var in model.variables:
-            var.setInitialValue(warm.get(var, 0.0))
+    problem, variables = as_pulp(model)
+    if warm is not None:
+        for var, value in zip(variables, np.asarray(warm, dtype=np.float64).tolist()):
+            var.setInitialValue(value)
     with tempfile.TemporaryDirectory(prefix="ilp-cbc-") as folder:
         log_path = os.path.join(folder, "cbc.log")
         # warmStart=True makes PuLP write the variables' initial values as a CBC MIP start file
         # (-mips); CBC reports "MIPStart values read" and takes it as its first incumbent.
         solver = _cbc(mip=not relax, msg=False, timeLimit=time_limit, threads=threads,
-                      warmStart=bool(warm), logPath=log_path, gapAbs=gap_abs)
+                      warmStart=warm is not None, logPath=log_path, gapAbs=gap_abs)
         problem.solve(solver)
         with open(log_path, errors="replace") as handle:
             log = handle.read()
@@ -235,7 +216,7 @@ def _run_cbc(model: CheckmateModel, time_limit, threads, warm, relax, gap_abs) -
                            "run with backend='highs'")
     outcome = Outcome(has_solution, problem.sol_status == pulp.LpSolutionOptimal, infeasible, stopped)
     if has_solution:
-        outcome.values = {var: var.varValue for var in model.variables}
+        outcome.values = np.array([var.varValue or 0.0 for var in variables], dtype=np.float64)
         outcome.objective = pulp.value(problem.objective)
         if outcome.optimal:
             outcome.bound = outcome.objective
@@ -251,9 +232,9 @@ def _run_cbc(model: CheckmateModel, time_limit, threads, warm, relax, gap_abs) -
     return outcome
 
 def run_backend(model: CheckmateModel, backend: str, time_limit: float | None = None, threads: int | None = None,
-                warm: dict | None = None, relax: bool = False, gap_abs: float | None = None,
+                warm: np.ndarray | None = None, relax: bool = False, gap_abs: float | None = None,
                 target: float | None = None) -> Outcome:
-    """Solve ``model`` with ``backend`` ("highs" or "cbc"); ``warm`` maps variables to a start.
+    """Solve ``model`` with ``backend`` ("highs" or "cbc"); ``warm``: a start, one value per column.
 
     ``target`` (HiGHS only): stop at the first solution whose objective is at most this.
     """

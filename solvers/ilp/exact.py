@@ -23,9 +23,11 @@ from .rounding import DEFAULT_ROUNDING_SAMPLES, lp_rounding
 from .values import compute_order, expressible, first_computation_order, schedule_of_order
 
 MODES = ("exact", "lp-rounding")
-# Graphs above this many nodes are refused: a 200-node graph's model has ~10^5 variables and
-# ~2 x 10^5 rows and takes ~10 s and 330 MB to build in PuLP; both grow as n^2.
-MAX_NODES = 600
+# Graphs above this many nodes are refused: the model grows as n^2 (a 1001-node training graph's
+# has 2.6 million columns and 12.7 million nonzeros, ~1 GB built, 5 s; its LP takes HiGHS minutes).
+# Below it, the time limit decides: a model that cannot be built in the time left is not started
+# (solvers.ilp.model.refuse_if_too_slow).
+MAX_NODES = 1200
 # Attempts at re-solving with a tighter budget when rounding in the solver overshoots in bytes.
 TIGHTEN_ATTEMPTS = 3
 
@@ -167,7 +169,7 @@ def solve_ilp(graph, budget: int, time_limit: float | None = None, *, backend: s
               seed: int = 0, max_nodes: int = MAX_NODES) -> Schedule:
     """Checkmate's MILP for ``graph`` under ``budget`` bytes (see the module docstring).
 
-    ``backend``: "highs" (highspy through PuLP) or "cbc" (PuLP's bundled CBC). ``mode``: "exact"
+    ``backend``: "highs" (the model's arrays passed to highspy) or "cbc" (PuLP's bundled CBC). ``mode``: "exact"
     (the MILP) or "lp-rounding" (the LP relaxation and randomized rounding, for graphs too large to
     solve exactly). The model fixes the order of first computations, so its proofs hold in that
     order only: ``status`` is "optimal-in-order" when the MILP (or the LP value) proves the schedule
@@ -182,7 +184,8 @@ def solve_ilp(graph, budget: int, time_limit: float | None = None, *, backend: s
     candidates, and when one is the cheapest its first-computation order becomes the model's, so the
     result is never above it and its gap is measured in that order. ``rounding_samples``/``seed``:
     Bernoulli roundings of the LP. ``threads``: HiGHS/CBC threads. ``max_nodes``: the model has
-    ~n^2 binaries; larger graphs are refused rather than left to build for many minutes.
+    ~n^2 binaries; larger graphs are refused. Below that, a model whose estimated build time exceeds
+    the time left is refused before it is built (the cheapest warm start comes back, saying so).
     """
     validate(graph)
     check_backend(backend)
@@ -192,8 +195,8 @@ def solve_ilp(graph, budget: int, time_limit: float | None = None, *, backend: s
     n = graph.number_of_nodes()
     if n > max_nodes:
         raise ValueError(f"ilp: the graph has {n} nodes; Checkmate's model would have ~{n ** 2:,} "
-                         f"binaries, more than PuLP builds in reasonable time and memory (limit: max_nodes="
-                         f"{max_nodes}). Use a coarser profile, or the cpsat, dp or chen-greedy methods")
+                         f"binaries, more than fit in reasonable memory and solve time (limit: max_nodes="
+                         f"{max_nodes}). Use a coarser profile, or the orderfree, cpsat, dp or chen-greedy methods")
     if n == 0:
         return _finish(Candidate(Schedule([]), 0.0, 0, "empty graph"), budget, OPTIMAL, 0.0, "empty graph")
 

@@ -1,20 +1,33 @@
-"""Checkmate's MILP as a PuLP problem: its variables and one function per family of rows
-(:mod:`solvers.ilp` has the formulation)."""
+"""Checkmate's MILP as sparse arrays: columns, then rows in CSR, built stage by stage with numpy
+(:mod:`solvers.ilp` has the formulation; :mod:`solvers.ilp.backends` loads the arrays into HiGHS in
+one call, or hands them to CBC through PuLP).
+
+Each family of rows is one function, called once per stage ``t``; inside a stage the rows are
+numpy operations over the stage's nodes, edges or (input, reader) pairs, so a 1001-node graph's
+model (~2.6 million columns) builds in seconds where the PuLP model it replaces took minutes
+(docs/solvers-lp.md has the measurements).
+"""
 
 from __future__ import annotations
 
 import logging
+import math
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+
+import numpy as np
 
 from ..clock import Clock
+from ..errors import SolverTimeout
 from ..graph import NodeCosts
 
-if TYPE_CHECKING:  # PuLP is imported where it is used: importing solvers must stay cheap
-    import pulp
-
 LOG = logging.getLogger(__name__)
+
+INFINITY = math.inf
+# Measured seconds of building per column (docs/solvers-lp.md: 1001-node chain, 2.6 million columns
+# in ~9 s on this project's 2-core machine under load), rounded up: what the method uses to refuse,
+# before building, a model that cannot be built in the time left.
+BUILD_SECONDS_PER_COLUMN = 5e-6
 
 
 @dataclass(frozen=True)
@@ -35,266 +48,412 @@ class Scales:
         largest_cost = max(costs.cost, default=0.0)
         return Scales(mem_unit=max(1.0, largest_mem / 1024.0), cost_unit=largest_cost if largest_cost > 0 else 1.0)
 
+
 @dataclass
 class CheckmateModel:
-    """The PuLP problem and its variables, indexed by ``(stage, node)`` positions.
+    """The model's columns and rows as arrays, and where each variable is.
 
-    Only entries that can be non-zero (or are not fixed) are variables; :meth:`r` and :meth:`s`
-    return the fixed values (0 or 1) for the others.
+    ``r_col[t, i]``, ``s_col[t, i]`` and ``u_col[t, k]`` are the columns of ``R``, ``S`` and ``U``
+    (-1 where the entry is fixed: :meth:`r` and :meth:`s` give the fixed values); ``FREE``'s columns
+    are ``free_cols[t]``'s range, one per ``(free_i, free_k)`` entry there. Rows are
+    ``row_lower <= A x <= row_upper`` with ``A`` in CSR (``row_start``, ``row_index``,
+    ``row_value``). The objective is ``col_cost . x + objective_constant``.
     """
 
-    problem: pulp.LpProblem
     costs: NodeCosts
     scales: Scales
     slots: list[list[int]]  # slots[t]: nodes that may be computed in stage t, ascending; t is last
-    R: dict[tuple[int, int], pulp.LpVariable]
-    S: dict[tuple[int, int], pulp.LpVariable]
-    FREE: dict[tuple[int, int, int], pulp.LpVariable]
-    U: dict[tuple[int, int], pulp.LpVariable]
-    objective_constant: float  # the first computations' cost (normalised): R[t,t] = 1 is not a variable
-    peak: pulp.LpVariable | None = None  # the min-peak model's objective
-    # (row, fixed part): the rows U[t,k] + workspace[k] R[t,k] <= budget, each with the part of its
-    # right-hand side that is not the budget (a fixed R[t,t] = 1 moves workspace[t] there).
-    budget_rows: list = field(default_factory=list)
-    variables: list = field(default_factory=list)  # every variable, in creation order
-    rows: list = field(default_factory=list)  # every constraint, in creation order
+    r_col: np.ndarray
+    s_col: np.ndarray
+    u_col: np.ndarray
+    free_i: np.ndarray  # per FREE column (in column order, from free_base): the freed node...
+    free_k: np.ndarray  # ...and the node after whose computation it is freed
+    free_t: np.ndarray  # ...and the stage
+    free_base: int
+    col_cost: np.ndarray
+    col_lower: np.ndarray
+    col_upper: np.ndarray
+    integer: np.ndarray  # bool per column
+    row_start: np.ndarray
+    row_index: np.ndarray
+    row_value: np.ndarray
+    row_lower: np.ndarray
+    row_upper: np.ndarray
+    objective_constant: float  # the first computations' cost (normalised): R[t,t] = 1 is not a column
+    # The rows U[t,k] + workspace[k] R[t,k] <= budget and the part of their upper bound that is not
+    # the budget (a fixed R[t,t] = 1 moves -workspace[t] there).
+    budget_rows: np.ndarray
+    budget_fixed: np.ndarray
+    peak: int | None = None  # the min-peak model's objective column
+    build_seconds: float = 0.0
+    _free_index: dict | None = field(default=None, repr=False)
+
+    @property
+    def num_cols(self) -> int:
+        return len(self.col_cost)
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.row_lower)
+
+    @property
+    def num_nonzeros(self) -> int:
+        return len(self.row_index)
 
     def set_budget(self, budget: float) -> None:
         """Change the budget (bytes) of the memory rows in place: the LP of lp-rounding at a
         fraction of the budget, a tightened MILP, all without rebuilding the model."""
-        for row, fixed in self.budget_rows:
-            # PuLP stores "expr <= b" as "expr - b <= 0": the constant is -b.
-            row.constant = -(budget / self.scales.mem_unit + fixed)
+        self.row_upper[self.budget_rows] = budget / self.scales.mem_unit + self.budget_fixed
 
-    def r(self, t: int, i: int):
-        """``R[t,i]``: a variable, or its fixed value."""
+    def r(self, t: int, i: int) -> tuple[int, int]:
+        """``R[t,i]`` as ``(column, fixed value)``: column -1 when the entry is fixed."""
         if i == t:
-            return 1
-        return self.R.get((t, i), 0)
+            return -1, 1
+        column = int(self.r_col[t, i]) if i < t else -1
+        return column, 0
 
-    def s(self, t: int, i: int):
-        """``S[t,i]`` for 0 <= t <= n (``S[n,i]`` = held at the end): a variable, or its fixed value."""
+    def s(self, t: int, i: int) -> tuple[int, int]:
+        """``S[t,i]`` for 0 <= t <= n (``S[n,i]`` = held at the end) as ``(column, fixed value)``."""
         costs = self.costs
         if i >= t:
-            return 0
+            return -1, 0
         if costs.pinned[i]:
-            return 1  # pinned: held from its first computation (stage i) to the end
+            return -1, 1  # pinned: held from its first computation (stage i) to the end
         if t == costs.n:
-            return 1 if costs.output[i] else 0
-        return self.S.get((t, i), 0)
+            return -1, 1 if costs.output[i] else 0
+        return int(self.s_col[t, i]), 0
 
-def _can_recompute(costs: NodeCosts, i: int, t: int) -> bool:
-    """Whether ``R[t,i]`` (i < t) may be 1: not pinned, and someone can use the result."""
-    if i >= t or costs.pinned[i]:
-        return False
-    if costs.succs[i]:
-        return True
-    return costs.output[i] and t == costs.n - 1  # an output sink recomputed to be held at the end
+    def free(self, t: int, i: int, k: int) -> int:
+        """The column of ``FREE[t,i,k]``, -1 when there is none."""
+        if self._free_index is None:
+            keys = zip(self.free_t.tolist(), self.free_i.tolist(), self.free_k.tolist())
+            self._free_index = {key: self.free_base + position for position, key in enumerate(keys)}
+        return self._free_index.get((t, i, k), -1)
 
-def _may_hold(costs: NodeCosts, i: int, t: int) -> bool:
-    """Whether ``S[t,i]`` (0 < t < n) is a variable: a non-pinned result someone may still need."""
-    return i < t and not costs.pinned[i] and (bool(costs.succs[i]) or costs.output[i])
+    def held_columns(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Every ``S`` column with its stage and node: ``(t, i, column)`` arrays."""
+        t, i = np.nonzero(self.s_col >= 0)
+        return t, i, self.s_col[t, i]
 
-def _is_const(entry) -> bool:
-    return isinstance(entry, (int, float))
 
-def _set_one(entry, values: dict) -> bool:
-    """Set a warm-start entry to 1: a variable gets the value, a fixed entry must already be 1
-    (False: the schedule is not expressible in the model)."""
-    if _is_const(entry):
-        return entry == 1
-    values[entry] = 1.0
-    return True
+def estimated_columns(costs: NodeCosts) -> int:
+    """About how many columns Checkmate's model of ``costs`` has (an upper estimate, in O(n + edges)):
+    one R, S and U per (stage, earlier node) that can be recomputed or held, one FREE per (stage,
+    edge or node) whose reader can be recomputed."""
+    n = costs.n
+    later = np.arange(n - 1, -1, -1, dtype=np.int64)  # stages after node k's own
+    pinned = np.array(costs.pinned, dtype=bool)
+    has_succ = np.array([bool(s) for s in costs.succs], dtype=bool)
+    base = ~pinned & has_succ
+    hold = ~pinned & (has_succ | np.array(costs.output, dtype=bool))
+    readers = np.array([len(p) + 1 for p in costs.preds], dtype=np.int64)
+    recompute = int((later * base).sum())
+    return 2 * recompute + int((later * hold).sum()) + int((later * base * readers).sum()) + n
 
-def _is_one(entry) -> bool:
-    """Whether a model entry is fixed to 1. (Never write ``entry == 1``: on a PuLP variable that
-    builds a constraint, which is truthy.)"""
-    return _is_const(entry) and entry == 1
 
-class _Rows:
-    """Adds constraints to a PuLP problem from ``(coefficient, entry)`` terms, where an entry is a
-    variable or a fixed number. It builds ``LpConstraint`` objects directly: PuLP's operator
-    overloading (``a + b <= c``) costs several times more on models of 10^4-10^5 rows."""
+class _Blocks:
+    """Rows collected block by block as (row, column, value) triplets with local row numbers, made
+    CSR at the end; zero coefficients are dropped."""
 
-    def __init__(self, problem):
-        import pulp
+    def __init__(self):
+        self.rows = 0
+        self.lengths: list[np.ndarray] = []
+        self.index: list[np.ndarray] = []
+        self.value: list[np.ndarray] = []
+        self.lower: list[np.ndarray] = []
+        self.upper: list[np.ndarray] = []
 
-        self.problem = problem
-        self.pulp = pulp
-        self.added: list = []
+    def add(self, count: int, row: np.ndarray, column: np.ndarray, value: np.ndarray, lower, upper) -> np.ndarray:
+        """``count`` rows; returns their numbers."""
+        numbers = np.arange(self.rows, self.rows + count, dtype=np.int64)
+        if count == 0:
+            return numbers
+        if np.any(column < 0):
+            raise AssertionError("ilp model: a row refers to an entry that has no column")
+        keep = value != 0
+        row, column, value = row[keep], column[keep], value[keep]
+        order = np.argsort(row, kind="stable")
+        self.lengths.append(np.bincount(row, minlength=count))
+        self.index.append(column[order].astype(np.int32))
+        self.value.append(value[order].astype(np.float64))
+        self.lower.append(np.broadcast_to(np.asarray(lower, dtype=np.float64), (count,)))
+        self.upper.append(np.broadcast_to(np.asarray(upper, dtype=np.float64), (count,)))
+        self.rows += count
+        return numbers
 
-    def add(self, name: str, terms, sense: str, rhs: float = 0.0):
-        pulp = self.pulp
-        coefficients: dict = {}
-        for coefficient, entry in terms:
-            if _is_const(entry):
-                rhs -= coefficient * entry
-            elif coefficient != 0:
-                coefficients[entry] = coefficients.get(entry, 0.0) + coefficient
-        if not coefficients:
-            # Fixed entries only: the row holds by construction (a violated one is a bug here).
-            satisfied = {"<=": 0 <= rhs + 1e-12, ">=": 0 >= rhs - 1e-12, "==": abs(rhs) <= 1e-12}[sense]
-            if not satisfied:
-                raise AssertionError(f"ilp model row {name} is violated by fixed values")
-            return None
-        kind = {"<=": pulp.LpConstraintLE, ">=": pulp.LpConstraintGE, "==": pulp.LpConstraintEQ}[sense]
-        row = pulp.LpConstraint(pulp.LpAffineExpression(list(coefficients.items())), kind, name, rhs)
-        self.problem.addConstraint(row, name)
-        self.added.append(row)
-        return row
+    def csr(self):
+        def joined(parts, dtype):
+            return np.concatenate(parts).astype(dtype, copy=False) if parts else np.zeros(0, dtype=dtype)
+
+        lengths = joined(self.lengths, np.int64)
+        start = np.zeros(len(lengths) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=start[1:])
+        return (start, joined(self.index, np.int32), joined(self.value, np.float64),
+                joined(self.lower, np.float64).copy(), joined(self.upper, np.float64).copy())
+
+
+def _triplets(*terms) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Concatenate ``(rows, columns, values)`` term groups (a scalar value broadcasts)."""
+    rows, columns, values = [], [], []
+    for row, column, value in terms:
+        row = np.asarray(row, dtype=np.int64)
+        rows.append(row)
+        columns.append(np.asarray(column, dtype=np.int64))
+        values.append(np.broadcast_to(np.asarray(value, dtype=np.float64), row.shape))
+    return np.concatenate(rows), np.concatenate(columns), np.concatenate(values)
 
 
 class _Builder:
-    """What building one model shares: the PuLP problem, its rows, its variables in creation order
-    (the order HiGHS numbers its columns in), and the clock the build is charged to."""
+    """One model's construction: the graph as arrays, the columns laid out, the rows collected."""
 
     def __init__(self, costs: NodeCosts, scales: Scales, clock: Clock):
-        import pulp
-
-        self.pulp = pulp
         self.costs, self.scales, self.clock = costs, scales, clock
-        self.problem = pulp.LpProblem("checkmate", pulp.LpMinimize)
-        self.rows = _Rows(self.problem)
-        self.variables: list = []
-        # PuLP >= 3.3 creates variables through the problem (constructing LpVariable directly is
-        # deprecated there, and warns once per variable); older PuLP only has the constructor.
-        self._create = getattr(self.problem, "add_variable", pulp.LpVariable)
-
-    def variable(self, name: str, upper: float | None = 1.0, lower: float = 0.0, binary: bool = True):
-        pulp = self.pulp
-        var = self._create(name, lower, upper, pulp.LpBinary if binary else pulp.LpContinuous)
-        self.variables.append(var)
-        return var
+        n = self.n = costs.n
+        self.pinned = np.array(costs.pinned, dtype=bool)
+        self.output = np.array(costs.output, dtype=bool)
+        has_succ = np.array([bool(s) for s in costs.succs], dtype=bool)
+        self.base = ~self.pinned & has_succ  # may be recomputed in any later stage
+        # an output sink may be recomputed in the last stage only (to be held at the end)
+        self.at_last = self.base | (~self.pinned & ~has_succ & self.output)
+        self.hold = ~self.pinned & (has_succ | self.output)
+        self.mem = np.array(costs.mem, dtype=np.float64) / scales.mem_unit
+        self.workspace = np.array(costs.workspace, dtype=np.float64) / scales.mem_unit
+        self.pinned_before = np.concatenate([[0.0], np.cumsum(self.mem * self.pinned)])
+        # (input, reader) pairs and the reader itself, by reader then input: FREE[t,i,k] per pair
+        pair_i = [i for k in range(n) for i in (*costs.preds[k], k)]
+        pair_k = [k for k in range(n) for _ in range(len(costs.preds[k]) + 1)]
+        keep = [not costs.pinned[i] for i in pair_i]
+        self.pair_i = np.array(pair_i, dtype=np.int64)[keep]
+        self.pair_k = np.array(pair_k, dtype=np.int64)[keep]
+        edge = self.pair_i != self.pair_k
+        self.edge_i, self.edge_k = self.pair_i[edge], self.pair_k[edge]  # by reader
+        self.pred_of = np.zeros(n, dtype=bool)
+        self.blocks = _Blocks()
 
     def check(self, family: str) -> None:
         """Charge the build to the clock: :class:`SolverTimeout` once the limit has passed."""
         self.clock.check("ilp", f"building Checkmate's model (its {family})")
 
+    def slot_ok(self, t: int) -> np.ndarray:
+        return self.at_last if t == self.n - 1 else self.base
 
-def _stage_variables(build: _Builder) -> CheckmateModel:
-    """``R`` and ``S``, where they are variables. R[t,t] = 1 (stage t ends with t's first
-    computation), R[t,i] = 0 for i > t and S[t,i] = 0 for i >= t are fixed values, not variables;
-    so are the pinned nodes' S (1 once computed) and R (0 after their stage)."""
-    costs, n = build.costs, build.costs.n
-    slots = [[i for i in range(t) if _can_recompute(costs, i, t)] + [t] for t in range(n)]
-    R = {(t, i): build.variable(f"R_{t}_{i}") for t in range(n) for i in slots[t][:-1]}
-    S = {(t, i): build.variable(f"S_{t}_{i}") for t in range(1, n) for i in range(t) if _may_hold(costs, i, t)}
-    return CheckmateModel(build.problem, costs, build.scales, slots, R, S, {}, {}, 0.0,
-                          variables=build.variables, rows=build.rows.added)
+    # -- columns ------------------------------------------------------------------------------
+    def columns(self, with_peak: bool) -> None:
+        n, costs = self.n, self.costs
+        self.slots = []
+        r_t, r_i = [], []
+        for t in range(n):
+            recompute = np.flatnonzero(self.slot_ok(t)[:t])
+            self.slots.append(recompute.tolist() + [t])
+            r_t.append(np.full(len(recompute), t, dtype=np.int64))
+            r_i.append(recompute)
+        r_t, r_i = np.concatenate(r_t), np.concatenate(r_i)
+        self.r_col = np.full((n, n), -1, dtype=np.int32)
+        self.r_col[r_t, r_i] = np.arange(len(r_t))
+        self.r_t, self.r_i = r_t, r_i
+        columns = len(r_t)
+        self.check("R columns")
 
+        hold_idx = np.flatnonzero(self.hold)
+        counts = np.searchsorted(hold_idx, np.arange(n))  # held nodes before each stage
+        counts[0] = 0
+        s_t = np.repeat(np.arange(n, dtype=np.int64), counts)
+        starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+        s_i = hold_idx[np.arange(len(s_t)) - np.repeat(starts, counts)]
+        self.s_col = np.full((n, n), -1, dtype=np.int32)
+        self.s_col[s_t, s_i] = columns + np.arange(len(s_t))
+        columns += len(s_t)
+        self.check("S columns")
 
-def _free_variables(build: _Builder, model: CheckmateModel) -> dict[tuple[int, int], list[int]]:
-    """``FREE[t,i,k]`` where it can be 1 and matters: i is not pinned, not an output in the last
-    stage (it must be held at the end), t itself does not read i later in the stage, and k is not
-    t: frees after a stage's last computation change no memory the model counts (stage t+1 starts
-    from S[t+1]), so those are left to the extraction. Returns the readers after which each
-    ``(t, i)`` may be freed."""
-    costs, s = build.costs, model.s
-    for t in range(costs.n):
-        build.check("FREE variables")
-        for k in model.slots[t][:-1]:
-            for i in (*costs.preds[k], k):
-                if costs.pinned[i] or _is_one(s(t + 1, i)):
-                    continue
-                if t in costs.succs[i]:
-                    continue  # t reads i at the end of this stage: i cannot go after k < t
-                model.FREE[t, i, k] = build.variable(f"F_{t}_{i}_{k}")
-    frees_of: dict[tuple[int, int], list[int]] = {}
-    for (t, i, k) in model.FREE:
-        frees_of.setdefault((t, i), []).append(k)
-    return frees_of
+        # FREE[t,i,k]: k recomputed in stage t (k < t), i an input of k or k itself, not pinned,
+        # not an output in the last stage (held at the end), and not read by t itself.
+        self.free_base = columns
+        pairs_before = np.searchsorted(self.pair_k, np.arange(n))  # pairs whose reader is before t
+        free_t, free_pair = [], []
+        self.free_start = [columns]
+        for t in range(n):
+            if t % 64 == 0:
+                self.check("FREE columns")
+            head = pairs_before[t]
+            pi, pk = self.pair_i[:head], self.pair_k[:head]
+            self.pred_of[list(costs.preds[t])] = True
+            active = self.slot_ok(t)[pk] & ~self.pred_of[pi]
+            self.pred_of[list(costs.preds[t])] = False
+            if t == n - 1:
+                active &= ~self.output[pi]
+            chosen = np.flatnonzero(active)
+            free_pair.append(chosen)
+            free_t.append(np.full(len(chosen), t, dtype=np.int64))
+            columns += len(chosen)
+            self.free_start.append(columns)
+        self.free_pair = free_pair  # per stage: the pairs with a FREE column, in column order
+        self.free_t = np.concatenate(free_t)
+        every = np.concatenate(free_pair)
+        self.free_i, self.free_k = self.pair_i[every], self.pair_k[every]
 
+        lengths = np.array([len(slot) for slot in self.slots], dtype=np.int64)
+        self.u_col = np.full((n, n), -1, dtype=np.int32)
+        u_t = np.repeat(np.arange(n, dtype=np.int64), lengths)
+        u_k = np.concatenate([np.asarray(slot, dtype=np.int64) for slot in self.slots])
+        self.u_col[u_t, u_k] = columns + np.arange(len(u_t))
+        self.u_start = columns + np.concatenate([[0], np.cumsum(lengths)[:-1]])
+        columns += len(u_t)
+        self.peak = columns if with_peak else None
+        columns += int(with_peak)
 
-def _cost_objective(build: _Builder, model: CheckmateModel):
-    """Total compute cost (normalised), first computations included as a constant."""
-    costs, scales = build.costs, build.scales
-    model.objective_constant = sum(costs.cost) / scales.cost_unit
-    return build.pulp.LpAffineExpression([(var, costs.cost[i] / scales.cost_unit) for (t, i), var in model.R.items()],
-                                         constant=model.objective_constant)
+        self.col_cost = np.zeros(columns, dtype=np.float64)
+        self.col_lower = np.zeros(columns, dtype=np.float64)
+        self.col_upper = np.ones(columns, dtype=np.float64)
+        self.integer = np.ones(columns, dtype=bool)
+        u_cols = slice(self.u_start[0], self.u_start[0] + len(u_t)) if len(u_t) else slice(columns, columns)
+        self.col_upper[u_cols] = INFINITY
+        self.integer[u_cols] = False
+        if with_peak:
+            self.integer[self.peak] = False
 
+    # -- rows ---------------------------------------------------------------------------------
+    def no_recomputation_of_held(self) -> None:
+        """R[t,i] + S[t,i] <= 1: no recomputation of a held result (our semantics; the paper allows
+        it and double-counts). Every R column has an S column: what may be recomputed may be held."""
+        count = len(self.r_t)
+        rows = np.arange(count)
+        r = self.r_col[self.r_t, self.r_i]
+        s = self.s_col[self.r_t, self.r_i]
+        self.blocks.add(count, *_triplets((rows, r, 1.0), (rows, s, 1.0)), -INFINITY, 1.0)
 
-def _no_recomputation_of_held(build: _Builder, model: CheckmateModel) -> None:
-    """R[t,i] + S[t,i] <= 1: no recomputation of a held result (our semantics; the paper allows
-    it and double-counts)."""
-    for (t, i), var in model.R.items():
-        if (t, i) in model.S:
-            build.rows.add(f"held_{t}_{i}", [(1, var), (1, model.S[t, i])], "<=", 1)
+    def dependencies(self, t: int) -> None:
+        """R[t,k] <= R[t,i] + S[t,i] for each input i of k: k can be computed in stage t only if each
+        input is held entering the stage or computed earlier in it (ascending order within a stage
+        makes "earlier" = smaller). Inputs that are pinned are held: no row."""
+        ei, ek = self.edge_i, self.edge_k
+        lo, hi = np.searchsorted(ek, t), np.searchsorted(ek, t, side="right")
+        earlier = np.flatnonzero(self.slot_ok(t)[ek[:lo]])
+        own = np.arange(lo, hi)  # k = t: R[t,t] = 1
+        ie, ke, io = ei[earlier], ek[earlier], ei[own]
+        count_e, count_o = len(earlier), len(own)
+        rows_e, rows_o = np.arange(count_e), count_e + np.arange(count_o)
+        triplets = _triplets((rows_e, self.r_col[t, ke], 1.0), (rows_e, self.r_col[t, ie], -1.0),
+                             (rows_e, self.s_col[t, ie], -1.0), (rows_o, self.r_col[t, io], -1.0),
+                             (rows_o, self.s_col[t, io], -1.0))
+        upper = np.concatenate([np.zeros(count_e), np.full(count_o, -1.0)])
+        self.blocks.add(count_e + count_o, *triplets, -INFINITY, upper)
 
+    def conservation(self, t: int) -> None:
+        """S[t+1,i] + sum_k FREE[t,i,k] <= R[t,i] + S[t,i] (the paper's S[t+1,i] <= S[t,i] + R[t,i],
+        strengthened): a result present in stage t (held entering or computed; never both) is kept
+        into stage t+1 or freed once. Results computed before t that may be held only; none before
+        stage 1."""
+        n = self.n
+        held = np.flatnonzero(self.hold[:t])
+        free_i = self.pair_i[self.free_pair[t]]
+        frees = np.bincount(free_i, minlength=n)[held] if len(free_i) else np.zeros(len(held), dtype=np.int64)
+        if t + 1 < n:
+            rows_of = held  # keep S[t+1,i] is a column: every held node has its row
+        else:  # S[n,i] = 1 for an output (held at the end): a row; otherwise only with frees
+            rows_of = held[self.output[held] | (frees > 0)]
+        keep_one = self.output[rows_of].astype(np.float64) if t + 1 == n else np.zeros(len(rows_of))
+        count = len(rows_of)
+        if count == 0:
+            return
+        local = np.full(n, -1, dtype=np.int64)
+        local[rows_of] = np.arange(count)
+        rows = np.arange(count)
+        r = self.r_col[t, rows_of]
+        has_r = r >= 0
+        terms = [(rows[has_r], r[has_r], -1.0), (rows, self.s_col[t, rows_of], -1.0)]
+        if t + 1 < n:
+            terms.append((rows, self.s_col[t + 1, rows_of], 1.0))
+        if len(free_i):
+            columns = np.arange(self.free_start[t], self.free_start[t + 1])
+            terms.append((local[free_i], columns, 1.0))
+        self.blocks.add(count, *_triplets(*terms), -INFINITY, -keep_one)
 
-def _dependencies(build: _Builder, model: CheckmateModel) -> None:
-    """R[t,k] <= R[t,i] + S[t,i] for each input i of k: k can be computed in stage t only if each
-    input is held entering the stage or computed earlier in it (ascending order within a stage
-    makes "earlier" = smaller)."""
-    costs, r, s = build.costs, model.r, model.s
-    for t in range(costs.n):
-        build.check("dependency rows")
-        for k in model.slots[t]:
-            for i in costs.preds[k]:
-                if not _is_one(s(t, i)):
-                    build.rows.add(f"dep_{t}_{i}_{k}", [(1, r(t, k)), (-1, r(t, i)), (-1, s(t, i))], "<=")
+    def free_after_last_use(self) -> None:
+        """FREE[t,i,k] <= R[t,k]: free only after a computation that happens."""
+        count = len(self.free_t)
+        rows = np.arange(count)
+        columns = self.free_base + rows
+        r = self.r_col[self.free_t, self.free_k]
+        self.blocks.add(count, *_triplets((rows, columns, 1.0), (rows, r, -1.0)), -INFINITY, 0.0)
 
+    def last_use_triples(self) -> None:
+        """(pair (i, k), later reader j of i): sorted by j, then i, then k, so that the triples of
+        one row (i, j) are consecutive and those with j < t are a prefix."""
+        costs = self.costs
+        p, j = [], []
+        for position, (i, k) in enumerate(zip(self.pair_i.tolist(), self.pair_k.tolist())):
+            for reader in costs.succs[i]:
+                if reader > k:
+                    p.append(position)
+                    j.append(reader)
+        p, j = np.array(p, dtype=np.int64), np.array(j, dtype=np.int64)
+        order = np.lexsort((self.pair_k[p] if len(p) else p, self.pair_i[p] if len(p) else p, j))
+        self.triple_p, self.triple_j = p[order], j[order]
+        group = self.pair_i[self.triple_p] * self.n + self.triple_j if len(p) else p
+        self.triple_group = group
+        self.free_of_pair = np.full(len(self.pair_i), -1, dtype=np.int64)
 
-def _conservation(build: _Builder, model: CheckmateModel, frees_of: dict) -> None:
-    """S[t+1,i] + sum_k FREE[t,i,k] <= R[t,i] + S[t,i] (the paper's S[t+1,i] <= S[t,i] + R[t,i],
-    strengthened): a result present in stage t (held entering or computed; never both) is kept
-    into stage t+1 or freed once."""
-    r, s = model.r, model.s
-    for t in range(build.costs.n):
-        build.check("conservation rows")
-        for i in range(t + 1):
-            frees = frees_of.get((t, i), ())
-            keep = s(t + 1, i)
-            if not frees and (_is_const(keep) and keep == 0 or _is_one(r(t, i)) or _is_one(s(t, i))):
-                continue  # nothing to keep or free, or present for sure with nothing to free
-            terms = [(1, keep), (-1, r(t, i)), (-1, s(t, i))] + [(1, model.FREE[t, i, k]) for k in frees]
-            build.rows.add(f"keep_{t}_{i}", terms, "<=")
+    def last_use(self, t: int) -> None:
+        """Free only after the last reader: per later reader j of i in stage t,
+        R[t,j] + sum_{k < j} FREE[t,i,k] <= 1, which for binaries is the paper's product form
+        (linearised as upper bounds) and gives a tighter LP than one row per (k, j) pair."""
+        pairs = self.free_pair[t]
+        if not len(pairs):
+            return
+        self.free_of_pair[pairs] = np.arange(self.free_start[t], self.free_start[t + 1])
+        head = np.searchsorted(self.triple_j, t)  # readers before t (t itself reads no freed i)
+        tp, tj = self.triple_p[:head], self.triple_j[:head]
+        free = self.free_of_pair[tp]
+        active = np.flatnonzero((free >= 0) & self.slot_ok(t)[tj])
+        self.free_of_pair[pairs] = -1
+        if not len(active):
+            return
+        group = self.triple_group[:head][active]
+        first = np.concatenate([[True], group[1:] != group[:-1]])
+        local = np.cumsum(first) - 1
+        count = int(local[-1]) + 1
+        readers = tj[active][first]
+        triplets = _triplets((np.arange(count), self.r_col[t, readers], 1.0), (local, free[active], 1.0))
+        self.blocks.add(count, *triplets, -INFINITY, 1.0)
 
+    def memory(self, t: int, budget: float | None) -> tuple[np.ndarray, np.ndarray]:
+        """The memory recursion and the budget (or the peak), in units of ``scales.mem_unit``.
 
-def _free_after_last_use(build: _Builder, model: CheckmateModel, frees_of: dict) -> None:
-    """Free only after the last reader: FREE[t,i,k] <= R[t,k], and per later reader j of i in
-    stage t, R[t,j] + sum_{k < j} FREE[t,i,k] <= 1, which for binaries is the paper's product form
-    (linearised as upper bounds) and gives a tighter LP than one row per (k, j) pair."""
-    build.check("free-after-last-use rows")
-    costs, r, FREE = build.costs, model.r, model.FREE
-    for (t, i, k), var in FREE.items():
-        build.rows.add(f"freeafter_{t}_{i}_{k}", [(1, var), (-1, r(t, k))], "<=")
-    for (t, i), ks in frees_of.items():
-        slot_set = set(model.slots[t])
-        for j in costs.succs[i]:
-            earlier = [(1, FREE[t, i, k]) for k in ks if k < j]
-            if j in slot_set and earlier:
-                build.rows.add(f"lastuse_{t}_{i}_{j}", [(1, r(t, j))] + earlier, "<=", 1)
-
-
-def _memory(build: _Builder, model: CheckmateModel, budget: int | None) -> None:
-    """The memory recursion and the budget (or the peak), in units of ``scales.mem_unit``.
-
-    U[t,k] is what is held right after computing k in stage t (before its frees); the step's
-    memory is U[t,k] + workspace[k] while computing, at most the budget (or ``model.peak``). U is
-    only bounded from above, so the paper's equalities are written as lower bounds: the same
-    integer solutions, and HiGHS separates cuts far faster without the equality chains.
-    """
-    costs, scales, r, s, FREE, U = build.costs, build.scales, model.r, model.s, model.FREE, model.U
-    mem = [m / scales.mem_unit for m in costs.mem]
-    workspace = [w / scales.mem_unit for w in costs.workspace]
-    for t in range(costs.n):
-        build.check("memory rows")
-        previous = None
-        for k in model.slots[t]:
-            U[t, k] = build.variable(f"U_{t}_{k}", upper=None, binary=False)
-            if previous is None:  # entering the stage: everything checkpointed, then k's result
-                terms = [(mem[i], s(t, i)) for i in range(t)]
-            else:  # what was held after the previous computation, less what was freed after it
-                freed = [i for i in (*costs.preds[previous], previous) if (t, i, previous) in FREE]
-                terms = [(1, U[t, previous])] + [(-mem[i], FREE[t, i, previous]) for i in freed]
-            build.rows.add(f"mem_{t}_{k}", [(1, U[t, k])] + [(-c, e) for c, e in terms] + [(-mem[k], r(t, k))], ">=")
-            during = [(1, U[t, k]), (workspace[k], r(t, k))]
-            if budget is None:
-                build.rows.add(f"peak_{t}_{k}", during + [(-1, model.peak)], "<=")
-            else:
-                row = build.rows.add(f"budget_{t}_{k}", during, "<=", budget / scales.mem_unit)
-                model.budget_rows.append((row, -row.constant - budget / scales.mem_unit))
-            previous = k
+        U[t,k] is what is held right after computing k in stage t (before its frees); the step's
+        memory is U[t,k] + workspace[k] while computing, at most the budget (or the peak column). U
+        is only bounded from above, so the paper's equalities are written as lower bounds: the same
+        integer solutions, and HiGHS separates cuts far faster without the equality chains.
+        Returns the budget rows and the part of their upper bound that is not the budget.
+        """
+        slot = np.asarray(self.slots[t], dtype=np.int64)
+        m = len(slot)
+        u = self.u_start[t] + np.arange(m)
+        recomputed = slot[:-1]
+        r = self.r_col[t, recomputed]
+        held = np.flatnonzero(self.hold[:t])
+        pairs = self.free_pair[t]
+        fi, fk = self.pair_i[pairs], self.pair_k[pairs]
+        free_rows = np.searchsorted(slot, fk) + 1  # freed after slot[p-1]: row p
+        free_columns = np.arange(self.free_start[t], self.free_start[t + 1])
+        rows = np.arange(m)
+        # row 0: U >= sum mem[i] S[t,i] (+ the pinned results) + mem[k] R[t,k]; row p: U[t,k_p] >=
+        # U[t,k_{p-1}] - the results freed after k_{p-1} + mem[k_p] R[t,k_p]
+        terms = [(rows, u, 1.0), (rows[1:], u[:-1], -1.0), (np.zeros(len(held)), self.s_col[t, held], -self.mem[held]),
+                 (free_rows, free_columns, self.mem[fi]), (rows[:-1], r, -self.mem[recomputed])]
+        lower = np.zeros(m)
+        lower[0] += self.pinned_before[t]
+        lower[-1] += self.mem[t]  # R[t,t] = 1
+        self.blocks.add(m, *_triplets(*terms), lower, INFINITY)
+        # during the computation of k: U[t,k] + workspace[k] R[t,k] <= budget (or the peak)
+        during = [(rows, u, 1.0), (rows[:-1], r, self.workspace[recomputed])]
+        fixed = np.zeros(m)
+        fixed[-1] = -self.workspace[t]
+        if budget is None:
+            during.append((rows, np.full(m, self.peak), -1.0))
+            self.blocks.add(m, *_triplets(*during), -INFINITY, fixed)
+            return np.zeros(0, dtype=np.int64), np.zeros(0)
+        numbers = self.blocks.add(m, *_triplets(*during), -INFINITY, budget + fixed)
+        return numbers, fixed
 
 
 def build_model(costs: NodeCosts, budget: int | None, scales: Scales,
@@ -302,27 +461,70 @@ def build_model(costs: NodeCosts, budget: int | None, scales: Scales,
     """Checkmate's MILP for a budget in bytes (``budget``), or, with ``budget=None``, the model
     that minimises the peak (``peak_bounds`` = (lower, upper) bytes) under the same constraints.
 
-    One function per family of variables and rows, in the order the columns and rows are
-    created (the order HiGHS sees them in). The LP relaxation is the same model solved without
-    integrality (``run_backend(relax=True)``). Building takes ~n^2 Python steps (seconds at 200
-    nodes): with a ``clock`` it is checked once per stage of each family, and
-    :class:`SolverTimeout` raised when the limit passes.
+    Columns first (R, S, FREE, U, the peak), then one function per family of rows, stage by stage.
+    The LP relaxation is the same model solved without integrality (``run_backend(relax=True)``).
+    With a ``clock``, a model whose estimated build time exceeds the time left is refused before
+    it is built, and the build is checked every few stages of each family: both raise
+    :class:`SolverTimeout`, whose message says which.
     """
     started = time.perf_counter()
+    if clock is not None:
+        refuse_if_too_slow(costs, clock)
     build = _Builder(costs, scales, clock or Clock(None))
-    model = _stage_variables(build)
-    frees_of = _free_variables(build, model)
-    objective = _cost_objective(build, model)
-    _no_recomputation_of_held(build, model)
-    _dependencies(build, model)
-    _conservation(build, model, frees_of)
-    _free_after_last_use(build, model, frees_of)
+    build.columns(with_peak=budget is None)
+    n = costs.n
+    objective_constant = sum(costs.cost) / scales.cost_unit
+    build.col_cost[:len(build.r_t)] = np.array(costs.cost, dtype=np.float64)[build.r_i] / scales.cost_unit
+    build.no_recomputation_of_held()
+    for t in range(n):
+        if t % 32 == 0:
+            build.check("dependency rows")
+        build.dependencies(t)
+    for t in range(1, n):
+        if t % 32 == 0:
+            build.check("conservation rows")
+        build.conservation(t)
+    build.free_after_last_use()
+    build.last_use_triples()
+    for t in range(n):
+        if t % 32 == 0:
+            build.check("free-after-last-use rows")
+        build.last_use(t)
+    scaled_budget = None if budget is None else budget / scales.mem_unit
+    budget_rows, budget_fixed = [], []
+    for t in range(n):
+        if t % 32 == 0:
+            build.check("memory rows")
+        rows, fixed = build.memory(t, scaled_budget)
+        budget_rows.append(rows)
+        budget_fixed.append(fixed)
     if budget is None:
         lower, upper = peak_bounds
-        model.peak = build.variable("peak", upper / scales.mem_unit, lower / scales.mem_unit, binary=False)
-        objective = build.pulp.LpAffineExpression([(model.peak, 1.0)])
-    _memory(build, model, budget)
-    build.problem.setObjective(objective)
-    LOG.debug("ilp: model of %d nodes built in %.1f s: %d variables, %d rows", costs.n, time.perf_counter() - started,
-              len(build.variables), len(build.rows.added))
+        build.col_cost[:] = 0.0
+        build.col_cost[build.peak] = 1.0
+        build.col_lower[build.peak] = lower / scales.mem_unit
+        build.col_upper[build.peak] = upper / scales.mem_unit
+        objective_constant = 0.0
+    start, index, value, row_lower, row_upper = build.blocks.csr()
+    model = CheckmateModel(
+        costs, scales, build.slots, build.r_col, build.s_col, build.u_col, build.free_i, build.free_k, build.free_t,
+        build.free_base, build.col_cost, build.col_lower, build.col_upper, build.integer, start, index, value,
+        row_lower, row_upper, objective_constant, np.concatenate(budget_rows), np.concatenate(budget_fixed),
+        peak=build.peak, build_seconds=time.perf_counter() - started)
+    LOG.debug("ilp: model of %d nodes built in %.1f s: %d columns, %d rows, %d nonzeros", n, model.build_seconds,
+              model.num_cols, model.num_rows, model.num_nonzeros)
     return model
+
+
+def refuse_if_too_slow(costs: NodeCosts, clock: Clock) -> None:
+    """:class:`SolverTimeout` before building when the model's estimated build time
+    (:func:`estimated_columns` at :data:`BUILD_SECONDS_PER_COLUMN`) exceeds the time left."""
+    left = clock.left()
+    if left is None:
+        return
+    columns = estimated_columns(costs)
+    seconds = columns * BUILD_SECONDS_PER_COLUMN
+    if seconds > left:
+        raise SolverTimeout(f"ilp: Checkmate's model of {costs.n} nodes would have ~{columns:,} columns, "
+                            f"~{seconds:.0f} s to build, more than the {left:.1f} s left of the time limit; "
+                            "not built", method="ilp")

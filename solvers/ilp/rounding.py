@@ -4,14 +4,20 @@ recomputation and judged by the simulator."""
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+import logging
+import time
+from dataclasses import dataclass, field
 from collections.abc import Sequence
+
+import numpy as np
 
 from ..clock import Clock
 from .backends import run_backend
 from .candidates import Candidate, _candidate
-from .model import CheckmateModel, _is_one
+from .model import CheckmateModel
 from .values import least_recomputation, schedule_of_order
+
+LOG = logging.getLogger(__name__)
 
 DEFAULT_ROUNDING_SAMPLES = 48
 # Fractions of the budget offered to the LP in lp-rounding mode, loosest first: a rounding of a
@@ -19,24 +25,26 @@ DEFAULT_ROUNDING_SAMPLES = 48
 LP_BUDGET_FRACTIONS = (1.0, 0.9, 0.75, 0.5)
 
 
-def _roundings(model: CheckmateModel, values: dict, samples: int, rng: random.Random):
+def _roundings(model: CheckmateModel, values: np.ndarray, samples: int, rng: random.Random):
     """Held sets from the LP's ``S``: Checkmate's deterministic threshold rounding at a few
     thresholds, then Bernoulli samples with the LP values as probabilities."""
     costs = model.costs
     n = costs.n
-    by_stage: list[list[tuple[int, float]]] = [[] for _ in range(n + 1)]
-    for (t, i), var in model.S.items():
-        by_stage[t].append((i, values[var]))
-    fixed = [{i for i in range(t) if _is_one(model.s(t, i))} for t in range(n)]
+    stage, node, columns = model.held_columns()
+    value = np.asarray(values, dtype=np.float64)[columns]
+    fixed = [{i for i in range(t) if costs.pinned[i]} for t in range(n)]
     fixed.append({i for i in range(n) if costs.output[i]})  # held at the end
 
-    def held_sets(choose) -> list[set[int]]:
-        return [fixed[t] | {i for i, value in by_stage[t] if choose(value)} for t in range(n + 1)]
+    def held_sets(chosen: np.ndarray) -> list[set[int]]:
+        picked_stage, picked_node = stage[chosen], node[chosen]  # by stage (S's column order)
+        bounds = np.searchsorted(picked_stage, np.arange(n + 1))
+        return [fixed[t] | set(picked_node[bounds[t]:bounds[t + 1]].tolist()) for t in range(n)] + [fixed[n]]
 
     for threshold in (0.5, 0.25, 0.75, 0.1, 0.9, 1e-6):
-        yield f"threshold {threshold}", held_sets(lambda value, th=threshold: value >= th)
+        yield f"threshold {threshold}", held_sets(value >= threshold)
     for sample in range(samples):
-        yield f"sample {sample}", held_sets(lambda value: rng.random() < value)
+        draws = np.array([rng.random() for _ in range(len(value))])
+        yield f"sample {sample}", held_sets(draws < value)
 
 @dataclass
 class Rounded:
@@ -46,6 +54,9 @@ class Rounded:
     infeasible: bool  # the LP at the full budget is infeasible, hence the MILP too
     best: Candidate | None  # the cheapest rounding that fits the budget
     tried: int  # distinct compute orders simulated
+    # per LP solved: (fraction of the budget, LP seconds, its value in seconds or None, seconds of
+    # rounding, completing and simulating its roundings)
+    steps: list = field(default_factory=list)
 
 def lp_rounding(model: CheckmateModel, graph, budget: int, backend: str, deadline: Clock, threads: int | None,
                 samples: int, rng: random.Random, fractions: Sequence[float] = LP_BUDGET_FRACTIONS) -> Rounded:
@@ -62,7 +73,9 @@ def lp_rounding(model: CheckmateModel, graph, budget: int, backend: str, deadlin
     try:
         for fraction in fractions:
             model.set_budget(budget * fraction)
+            started = time.perf_counter()
             outcome = run_backend(model, backend, deadline.left(), threads, relax=True)
+            lp_seconds, started = time.perf_counter() - started, time.perf_counter()
             if fraction == fractions[0]:
                 if outcome.infeasible:
                     result.infeasible = True
@@ -81,6 +94,10 @@ def lp_rounding(model: CheckmateModel, graph, budget: int, backend: str, deadlin
                                            f"LP rounding ({source}, LP at {fraction:g} x budget)")
                     if candidate is not None and (result.best is None or candidate.cost < result.best.cost):
                         result.best = candidate
+            value = None if outcome.objective is None else outcome.objective * model.scales.cost_unit
+            result.steps.append((fraction, lp_seconds, value, time.perf_counter() - started))
+            LOG.debug("ilp: LP at %g x budget in %.1f s (value %s), %d roundings in %.1f s", fraction, lp_seconds,
+                      value, len(seen), time.perf_counter() - started)
             left = deadline.left()
             if result.best is not None or (left is not None and left <= 0):
                 break

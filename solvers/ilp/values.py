@@ -5,20 +5,24 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
+
 from ..graph import NodeCosts, is_topological_order
 from ..liveness import drop_redundant_computes, schedule_from_computes
 from ..schedule import COMPUTE, Schedule
-from .model import CheckmateModel, _is_const, _set_one
+from .model import CheckmateModel
 
 
-def compute_order(model: CheckmateModel, values: dict | None = None) -> list[int]:
-    """The compute order (node positions) encoded by ``R``: stage by stage, ascending within one."""
-
-    def on(var) -> bool:
-        value = values[var] if values is not None else var.varValue
-        return value is not None and value > 0.5
-
-    return [i for t in range(model.costs.n) for i in model.slots[t] if i == t or on(model.R[t, i])]
+def compute_order(model: CheckmateModel, values: np.ndarray) -> list[int]:
+    """The compute order (node positions) encoded by ``R``'s values: stage by stage, ascending
+    within one."""
+    on = np.asarray(values) > 0.5
+    order = []
+    for t, slot in enumerate(model.slots):
+        columns = model.r_col[t, slot[:-1]]
+        order.extend(np.asarray(slot[:-1])[on[columns]].tolist() if len(columns) else [])
+        order.append(t)
+    return order
 
 def schedule_of_order(graph, costs: NodeCosts, order: Sequence[int]) -> Schedule:
     """The schedule with the fewest held bytes for this compute order (frees added by liveness)."""
@@ -44,11 +48,21 @@ def stages_of_order(costs: NodeCosts, order: Sequence[int]) -> list[list[int]] |
     return stages
 
 
-def _stage_values(model: CheckmateModel, steps, stages: list[list[int]]) -> dict | None:
-    """R, S and FREE values for a schedule's steps split into ``stages``, every other variable 0;
-    ``None`` when a step needs an entry the model fixes to 0 (or has no variable for)."""
+def _set_one(entry: tuple[int, int], values: np.ndarray) -> bool:
+    """Set a warm-start entry to 1: a column gets the value, a fixed entry must already be 1
+    (False: the schedule is not expressible in the model)."""
+    column, fixed = entry
+    if column < 0:
+        return fixed == 1
+    values[column] = 1.0
+    return True
+
+
+def _stage_values(model: CheckmateModel, steps, stages: list[list[int]]) -> np.ndarray | None:
+    """R, S and FREE values for a schedule's steps split into ``stages``, every other column 0;
+    ``None`` when a step needs an entry the model fixes to 0 (or has no column for)."""
     costs = model.costs
-    values: dict = {var: 0.0 for var in model.variables}
+    values = np.zeros(model.num_cols, dtype=np.float64)
     held: set[int] = set()
     stage_of = [t for t, stage in enumerate(stages) for _ in stage]
     position = -1
@@ -69,22 +83,23 @@ def _stage_values(model: CheckmateModel, steps, stages: list[list[int]]) -> dict
         t, k = last
         held.discard(i)
         if k == t:
-            continue  # a free after the stage's last computation: not a model variable
-        var = model.FREE.get((t, i, k))
-        if var is None:
+            continue  # a free after the stage's last computation: not a model column
+        column = model.free(t, i, k)
+        if column < 0:
             return None
-        values[var] = 1.0
+        values[column] = 1.0
     return values
 
 
-def _memory_values(model: CheckmateModel, values: dict) -> None:
-    """Fill in ``U`` (and ``peak``) from R, S and FREE: the recursion of :func:`build_model`."""
+def _memory_values(model: CheckmateModel, values: np.ndarray) -> None:
+    """Fill in ``U`` (and the peak) from R, S and FREE: the recursion of :func:`build_model`."""
     costs = model.costs
     mem = [m / model.scales.mem_unit for m in costs.mem]
     peak = 0.0
 
-    def value(entry) -> float:
-        return float(entry) if _is_const(entry) else values[entry]
+    def value(entry: tuple[int, int]) -> float:
+        column, fixed = entry
+        return float(fixed) if column < 0 else float(values[column])
 
     for t in range(costs.n):
         previous = None
@@ -92,18 +107,19 @@ def _memory_values(model: CheckmateModel, values: dict) -> None:
             if previous is None:
                 u = sum(mem[i] * value(model.s(t, i)) for i in range(t)) + mem[k] * value(model.r(t, k))
             else:
-                u = values[model.U[t, previous]] + mem[k] * value(model.r(t, k))
-                u -= sum(mem[i] * values[model.FREE[t, i, previous]]
-                         for i in (*costs.preds[previous], previous) if (t, i, previous) in model.FREE)
-            values[model.U[t, k]] = u
+                u = values[model.u_col[t, previous]] + mem[k] * value(model.r(t, k))
+                for i in (*costs.preds[previous], previous):
+                    column = model.free(t, i, previous)
+                    u -= mem[i] * values[column] if column >= 0 else 0.0
+            values[model.u_col[t, k]] = u
             if value(model.r(t, k)) > 0.5:
                 peak = max(peak, u + costs.workspace[k] / model.scales.mem_unit)
             previous = k
     if model.peak is not None:
-        values[model.peak] = max(peak, model.peak.lowBound or 0.0)
+        values[model.peak] = max(peak, model.col_lower[model.peak])
 
 
-def model_values(model: CheckmateModel, graph, schedule: Schedule) -> dict | None:
+def model_values(model: CheckmateModel, graph, schedule: Schedule) -> np.ndarray | None:
     """Values of every model variable for ``schedule`` (a warm start), or ``None`` when the model
     cannot express its computations. (Whether they meet the model's budget is
     :func:`check_values`'s to say.)
@@ -122,19 +138,14 @@ def model_values(model: CheckmateModel, graph, schedule: Schedule) -> dict | Non
     return values
 
 
-def _check_values(model: CheckmateModel, values: dict, tolerance: float = 1e-6) -> bool:
-    """Whether ``values`` satisfy every constraint of the model (a guard on the warm start)."""
-    import pulp
-
-    for constraint in model.rows:
-        activity = sum(coefficient * values[var] for var, coefficient in constraint.items()) + constraint.constant
-        if constraint.sense == pulp.LpConstraintEQ and abs(activity) > tolerance:
-            return False
-        if constraint.sense == pulp.LpConstraintLE and activity > tolerance:
-            return False
-        if constraint.sense == pulp.LpConstraintGE and activity < -tolerance:
-            return False
-    return True
+def _check_values(model: CheckmateModel, values: np.ndarray, tolerance: float = 1e-6) -> bool:
+    """Whether ``values`` satisfy every row and column bound of the model (a guard on the warm start)."""
+    x = np.asarray(values, dtype=np.float64)
+    if np.any(x < model.col_lower - tolerance) or np.any(x > model.col_upper + tolerance):
+        return False
+    rows = np.repeat(np.arange(model.num_rows), np.diff(model.row_start))
+    activity = np.bincount(rows, weights=model.row_value * x[model.row_index], minlength=model.num_rows)
+    return bool(np.all(activity >= model.row_lower - tolerance) and np.all(activity <= model.row_upper + tolerance))
 
 def least_recomputation(costs: NodeCosts, held: Sequence[set[int]]) -> list[int] | None:
     """Given which results are held entering each stage (``held[t]``, t = 0..n, ``held[n]`` what
