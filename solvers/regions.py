@@ -38,6 +38,7 @@ from collections.abc import Hashable, Iterable, Sequence
 import networkx as nx
 
 from .autograd_nodes import autograd_node_holds, first_of_node
+from .extractions import count_extractions_once
 from .errors import Infeasible
 from .liveness import schedule_from_computes
 from .schedule import Schedule, SolverInfo
@@ -140,6 +141,12 @@ class RegionPlan:
     outcome: Simulation = field(repr=False)
 
 
+def as_eager_runs(graph: nx.DiGraph) -> nx.DiGraph:
+    """The op graph's memory as eager autograd holds it (solvers/autograd_nodes.py,
+    solvers/extractions.py): what the native executor runs."""
+    return count_extractions_once(autograd_node_holds(graph))
+
+
 def _trace_order(graph: nx.DiGraph) -> list[Hashable]:
     """The graph's nodes in trace order: the profiler adds them in the order the step ran them."""
     return list(graph.nodes)
@@ -223,7 +230,7 @@ def region_graph(graph: nx.DiGraph, regions: Iterable[str]) -> nx.DiGraph:
     policy's cache keeps them while the recomputation stops before it reaches them)."""
     regions = list(regions)
     _check_disjoint(graph, regions)
-    graph = autograd_node_holds(graph)
+    graph = as_eager_runs(graph)
     result = graph.copy()
     for region in regions:
         reason = checkpointable(graph, region)
@@ -334,7 +341,7 @@ class RegionModel:
     :func:`evaluate` (tests/test_regions.py checks it)."""
 
     def __init__(self, graph: nx.DiGraph):
-        graph = autograd_node_holds(graph)
+        graph = as_eager_runs(graph)
         self.graph = graph
         self.order = _trace_order(graph)
         self.index = {v: i for i, v in enumerate(self.order)}
