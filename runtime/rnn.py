@@ -5,28 +5,34 @@ A stacked RNN is one module called once: checkpointing it recomputes every layer
 backward and buys almost nothing (docs/zoo.md, "Recurrent networks"). :func:`install_rnn_stages`
 gives each stacked RNN of a model a *stage form* of its forward, in place:
 
-- ``rnn.stages``, an ``nn.ModuleList`` of parameter-free :class:`RNNLayerStage` modules, one per
-  layer, is registered on the RNN (the parameters stay where they are: ``state_dict`` keys,
-  ``named_parameters`` and the optimizer's view of the model are unchanged);
+- ``rnn.stages``, a parameter-free :class:`RNNStages` whose children ``"0"``, ``"1"``... are the
+  layers (:class:`RNNLayerStage`), is registered on the RNN (the parameters stay where they are:
+  ``state_dict`` keys, ``named_parameters`` and the optimizer's view of the model are unchanged);
 - the RNN's instance attribute ``forward`` becomes a :class:`StagedForward` (picklable and
   deep-copyable, as runtime/native.py's forwards are), which calls the stages in order, each with
   its own layer's weights and hidden state.
 
 Each stage calls the same aten kernel as the stacked module (``_VF.lstm`` / ``_VF.gru`` /
 ``_VF.rnn_*`` with ``num_layers=1``) on the same tensors in the same layout (time-major, as the
-stacked kernel transposes a ``batch_first`` input once), and layer ``l > 0`` first applies the
-inter-layer dropout (``torch.dropout``, the ``at::dropout`` the stacked kernel calls between layers,
-drawing from the generator in the same order): outputs and gradients are the stacked module's, bit
-for bit (tests/test_rnn_stages.py). The dropout sits inside the stage so that a checkpointed stage
-holds its input only (the previous layer's output), not the dropout's mask and output too.
+stacked kernel transposes a ``batch_first`` input once), and every layer but the last then applies
+the inter-layer dropout (``torch.dropout``, the ``at::dropout`` the stacked kernel calls between
+layers, drawing from the generator in the same order): outputs and gradients are the stacked
+module's, bit for bit (tests/test_rnn_stages.py). The dropout is the stage's last op, not the next
+stage's first: oneDNN's LSTM layer is one op whose results are the output *and* its workspace (the
+gates of every step, about 16 times the output on the zoo's LSTM), and the cost model holds all of an op's
+results while anything outside a checkpointed region reads one of them; the next stage reading the
+dropout's output leaves the workspace to the checkpoint, as eager does. (The last layer's kernel
+output still leaves its stage: a plan checkpointing the last stage is predicted no lower than one
+that does not, which is also what it measures.)
 
-Time chunks (``time_chunks=K``, opt-in): each layer stage runs its sequence as ``K`` chunk stages
-(``rnn.stages_t4.2.chunks.1``: layer 2, chunk 1 of 4), the hidden state carried from one to the
-next; the dropout is applied to the whole layer input before the chunks, so its masks are still the
-stacked module's. The kernel then runs on pieces of the sequence (its input projection a matmul per
-chunk): results and gradients differ from the stacked module's by rounding (benchmarks/
-rnn_checkpointing.py reports the difference). Not for bidirectional RNNs, whose reverse direction
-runs the sequence backwards.
+Time chunks (``time_chunks=K``, opt-in): each layer stage runs its sequence as ``K`` chunk stages,
+its children (``rnn.stages_t4.2.1``: layer 2, chunk 1 of 4), the hidden state carried from one to
+the next; the dropout is applied to the whole layer output after the chunks, so its masks are still
+the stacked module's. The kernel then runs on pieces of the sequence: results and gradients differ
+from the stacked module's by rounding (benchmarks/rnn_checkpointing.py reports the difference). Not
+for bidirectional RNNs, whose reverse direction runs the sequence backwards, nor packed sequences.
+Use: ``install_rnn_stages(model, time_chunks=4)``, then ``planner.profile_for`` and
+``planner.plan(..., profile=...)`` (``plan`` itself profiles the per-layer stages).
 
 Because the stages are ordinary child modules called once each, the profiler tags their ops by
 their paths, solvers/regions.py makes them candidate regions, and runtime/native.py checkpoints them
