@@ -42,8 +42,10 @@ stage of, and :func:`runtime.native.remove_native` removes them (:func:`remove_r
 class forward runs again.
 
 Packed sequences run through the stages too (per layer; the kernel's packed form). Not staged: RNN
-subclasses that override ``forward`` (their forward is the user's), and one-layer RNNs without time
-chunks (one stage is the RNN itself).
+subclasses that override ``forward`` (their forward is the user's), one-layer RNNs without time
+chunks (one stage is the RNN itself), and RNNs on CUDA (cuDNN's stacked kernel draws the
+inter-layer dropout inside the kernel, from its own state, so per-layer calls would draw other
+masks; not measured either): :func:`install_for_regions` refuses to stage those a plan names.
 """
 
 from __future__ import annotations
@@ -164,6 +166,11 @@ def _stageable(module: nn.Module) -> str | None:
         return f"{type(module).__name__} overrides forward"
     if module.mode not in _KERNELS:
         return f"mode {module.mode!r}"
+    devices = sorted({p.device.type for p in module.parameters()} - {"cpu"})
+    if devices:
+        # cuDNN's stacked kernel draws the inter-layer dropout inside the kernel, from its own state,
+        # which per-layer calls cannot reproduce; and no stage form was measured there.
+        return f"its parameters are on {devices[0]}: stages are made for CPU RNNs only"
     return None
 
 
@@ -247,7 +254,13 @@ def install_for_regions(model: nn.Module, regions) -> list[str]:
                                      "chunks: this plan was not made by the planner")
                 break
     for path, chunks in wanted.items():
-        install_rnn_stages(model, chunks, paths=[path])
+        try:
+            install_rnn_stages(model, chunks, paths=[path])
+        except ValueError as error:
+            from .module import PlanMismatch
+
+            raise PlanMismatch(f"the plan checkpoints layers of {path!r} as stages (runtime/rnn.py), which this "
+                               f"model cannot run: {error}") from None
     return list(wanted)
 
 

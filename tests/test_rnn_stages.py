@@ -111,6 +111,10 @@ def test_regions_install_the_stages_they_name():
     assert runtime.native.native_regions(model) == ["rnn.stages.0", "rnn.stages.2@matmuls"]
     runtime.remove_native(model)
     assert not stage_paths(model) and "forward" not in model.rnn.__dict__
+    elsewhere = RecurrentLM(nn.GRU).to("meta")  # not on the CPU (as on CUDA, whose cuDNN draws other masks)
+    assert install_rnn_stages(elsewhere) == []
+    with pytest.raises(runtime.PlanMismatch, match="CPU RNNs only"):
+        runtime.apply_native(elsewhere, ["rnn.stages.1"])
 
 
 # -- planned: the zoo's LSTM language model, and a GRU one small enough to profile quickly ------------
