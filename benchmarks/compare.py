@@ -173,10 +173,15 @@ def _compiled_native_rows(bench: Benchmark, base, inputs, rows: dict, modules: d
     """The native executor priced on the compiled step (``planner.plan(..., compile=True)``,
     planner/compiled.py) at each baseline's and each torch.compile's measured peak, run as
     ``torch.compile(planner.apply(model, plan))`` (compiled-native@...; its first step, which
-    compiles, timed apart; planning includes the search's own compiles)."""
+    compiles, timed apart; planning includes the search's own compiles). Baselines with the same
+    measured peak (torch.compile's three, on CPU) share one plan and one row, labelled with all of them."""
     profile = profile_for(base, inputs, loss_fn=bench.loss_fn)  # unfused: what the eager regions model
-    targets = {key: r.measured_peak for key, r in list(rows.items()) if r.kind in ("baseline", "compile")}
-    for label, budget in targets.items():
+    by_peak: dict[int, list[str]] = {}
+    for key, r in list(rows.items()):
+        if r.kind in ("baseline", "compile") and r.measured_peak:
+            by_peak.setdefault(r.measured_peak, []).append(key)
+    for budget, labels in by_peak.items():
+        label = "/".join(labels)
         key = f"compiled-native@{label}"
         model = _fresh(bench, base)
         started = time.perf_counter()
