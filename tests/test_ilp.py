@@ -283,6 +283,28 @@ def test_warm_start_values_satisfy_the_model_and_round_trip():
     assert ilp.model_values(model2, graph2, Schedule([("compute", 0), ("compute", 2), ("compute", 1)])) is None
 
 
+def test_the_lp_bound_holds_for_any_duals():
+    # The LP's bound is weak duality from its row duals: at HiGHS's duals it is the LP optimum; from
+    # any other multipliers (a stopped or inexact LP) it is lower, never above the model's optimum.
+    import numpy as np
+
+    from solvers.ilp import backends
+
+    graph = training_graph(8, unit=True)
+    costs = node_costs(graph)
+    model = ilp.build_model(costs, 5, ilp.Scales.of(costs))
+    highs = backends.load_highs(model, relax=True)
+    highs.run()
+    duals = np.array(highs.getSolution().row_dual)
+    lp = highs.getInfo().objective_function_value
+    assert backends.dual_bound(model, duals) == pytest.approx(lp, rel=1e-9)
+    rng = np.random.default_rng(0)
+    for scale in (0.0, 0.5, 2.0):
+        noisy = duals * scale + rng.normal(0, 0.1, len(duals))
+        assert backends.dual_bound(model, noisy) <= lp + 1e-9
+    assert lp * model.scales.cost_unit <= KNOWN_OPTIMA[8][5] + 1e-9
+
+
 @pytest.mark.parametrize("backend", ["highs", "cbc"])
 def test_backend_accepts_the_warm_start(backend):
     graph = training_graph(14, unit=True, skips=3)

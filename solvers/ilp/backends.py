@@ -117,11 +117,40 @@ def load_highs(model: CheckmateModel, relax: bool):
     return highs
 
 
-def _run_highs(model: CheckmateModel, time_limit, threads, warm, relax, gap_abs, target=None) -> Outcome:
+def dual_bound(model: CheckmateModel, row_dual: np.ndarray) -> float:
+    """A lower bound on the LP relaxation's optimum (hence on every solution of the model) from any
+    row multipliers ``y``, by weak duality: for ``l <= x <= u`` and ``L <= A x <= U``,
+    ``c.x >= sum_i (y_i L_i if y_i > 0 else y_i U_i) + sum_j min(d_j l_j, d_j u_j)`` with
+    ``d = c - A^T y`` (a multiplier whose side of the row is infinite is dropped first). It holds
+    whatever the solver's tolerances or whether it finished, so an LP solved by a first-order
+    method, or stopped early, still certifies this much. Every column is bounded (``U`` by the
+    budget), so the bound is finite; it is the larger of the bounds of ``y`` and ``-y`` (HiGHS's
+    sign convention need not be assumed)."""
+    rows = np.repeat(np.arange(model.num_rows), np.diff(model.row_start))
+    best = -math.inf
+    for sign in (1.0, -1.0):
+        y = sign * np.asarray(row_dual, dtype=np.float64)
+        y = np.where((y > 0) & ~np.isfinite(model.row_lower), 0.0, y)
+        y = np.where((y < 0) & ~np.isfinite(model.row_upper), 0.0, y)
+        d = model.col_cost - np.bincount(model.row_index, weights=model.row_value * y[rows], minlength=model.num_cols)
+        rows_part = np.where(y > 0, y * np.where(np.isfinite(model.row_lower), model.row_lower, 0.0),
+                             y * np.where(np.isfinite(model.row_upper), model.row_upper, 0.0)).sum()
+        if np.any((d < 0) & ~np.isfinite(model.col_upper)) or np.any((d > 0) & ~np.isfinite(model.col_lower)):
+            continue
+        upper = np.where(np.isfinite(model.col_upper), model.col_upper, 0.0)
+        columns_part = np.where(d > 0, d * model.col_lower, d * upper).sum()
+        best = max(best, float(rows_part + columns_part) + model.objective_constant)
+    return best
+
+
+def _run_highs(model: CheckmateModel, time_limit, threads, warm, relax, gap_abs, target=None,
+               lp_solver: str = "choose") -> Outcome:
     import highspy
 
     ends_at = None if time_limit is None else time.perf_counter() + time_limit
     highs = load_highs(model, relax)
+    if relax and lp_solver != "choose":
+        highs.setOptionValue("solver", lp_solver)
     if gap_abs is not None:
         highs.setOptionValue("mip_abs_gap", gap_abs)
     if target is not None:
@@ -157,12 +186,18 @@ def _run_highs(model: CheckmateModel, time_limit, threads, warm, relax, gap_abs,
         raise RuntimeError(f"ilp: HiGHS failed on the model (status {status.name}); run with backend='cbc', "
                            "or check HiGHS's log (e.g. a 'threads' option HiGHS refused)")
     outcome = Outcome(has_solution, status == kinds.kOptimal and has_solution, infeasible, stopped)
+    solution = highs.getSolution()
     if has_solution:
-        outcome.values = np.array(highs.getSolution().col_value, dtype=np.float64)
+        outcome.values = np.array(solution.col_value, dtype=np.float64)
         outcome.objective = float(model.col_cost @ outcome.values) + model.objective_constant
-        bound = info.objective_function_value if relax else info.mip_dual_bound
-        if bound is not None and math.isfinite(bound):
-            outcome.bound = min(bound, outcome.objective)
+    if relax and solution.dual_valid and not infeasible:
+        # the LP's bound by weak duality from its row duals: valid to the last bit, and also when
+        # the LP stopped early or was solved to a first-order method's looser tolerance
+        bound = dual_bound(model, np.array(solution.row_dual, dtype=np.float64))
+    else:
+        bound = None if relax or not has_solution else info.mip_dual_bound
+    if bound is not None and math.isfinite(bound):
+        outcome.bound = bound if outcome.objective is None else min(bound, outcome.objective)
     return outcome
 
 
@@ -233,16 +268,19 @@ def _run_cbc(model: CheckmateModel, time_limit, threads, warm, relax, gap_abs) -
 
 def run_backend(model: CheckmateModel, backend: str, time_limit: float | None = None, threads: int | None = None,
                 warm: np.ndarray | None = None, relax: bool = False, gap_abs: float | None = None,
-                target: float | None = None) -> Outcome:
+                target: float | None = None, lp_solver: str = "choose") -> Outcome:
     """Solve ``model`` with ``backend`` ("highs" or "cbc"); ``warm``: a start, one value per column.
 
     ``target`` (HiGHS only): stop at the first solution whose objective is at most this.
+    ``lp_solver`` (HiGHS only, with ``relax``): HiGHS's ``solver`` option for the LP ("choose", its
+    default, picks the simplex; "pdlp", its first-order method, for LPs too large for it); the
+    LP's bound is :func:`dual_bound`'s either way.
     """
     if time_limit is not None:
         time_limit = max(0.01, float(time_limit))
     started = time.perf_counter()
     if backend == "highs":
-        outcome = _run_highs(model, time_limit, threads, warm, relax, gap_abs, target)
+        outcome = _run_highs(model, time_limit, threads, warm, relax, gap_abs, target, lp_solver)
     else:
         outcome = _run_cbc(model, time_limit, threads, warm, relax, gap_abs)
     LOG.debug("ilp: %s %s in %.1f s: optimal %s, objective %s, bound %s", backend, "LP" if relax else "MILP",

@@ -63,8 +63,8 @@ def _least_from_the_lp(model: CheckmateModel, graph, backend: str, deadline: Clo
     optimality, and its roundings may lower ``best``. Returns both."""
     costs, scales = model.costs, model.scales
     relaxed = run_backend(model, backend, deadline.left(), threads, relax=True)
-    if relaxed.optimal and relaxed.objective is not None:
-        bound = relaxed.objective * scales.mem_unit
+    if relaxed.bound is not None:  # weak duality from the LP's duals (HiGHS), or its optimum (CBC)
+        bound = relaxed.bound * scales.mem_unit
         lower = max(lower, math.ceil(bound - max(1e-6, 1e-9 * bound)))
     if relaxed.has_solution:
         for _source, held in _roundings(model, relaxed.values, samples, random.Random(seed)):

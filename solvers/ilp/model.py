@@ -85,6 +85,7 @@ class CheckmateModel:
     budget_rows: np.ndarray
     budget_fixed: np.ndarray
     peak: int | None = None  # the min-peak model's objective column
+    u_cols: slice = field(default_factory=lambda: slice(0, 0))  # U's columns
     build_seconds: float = 0.0
     _free_index: dict | None = field(default=None, repr=False)
 
@@ -104,6 +105,7 @@ class CheckmateModel:
         """Change the budget (bytes) of the memory rows in place: the LP of lp-rounding at a
         fraction of the budget, a tightened MILP, all without rebuilding the model."""
         self.row_upper[self.budget_rows] = budget / self.scales.mem_unit + self.budget_fixed
+        self.col_upper[self.u_cols] = budget / self.scales.mem_unit
 
     def r(self, t: int, i: int) -> tuple[int, int]:
         """``R[t,i]`` as ``(column, fixed value)``: column -1 when the entry is fixed."""
@@ -305,9 +307,9 @@ class _Builder:
         self.col_lower = np.zeros(columns, dtype=np.float64)
         self.col_upper = np.ones(columns, dtype=np.float64)
         self.integer = np.ones(columns, dtype=bool)
-        u_cols = slice(self.u_start[0], self.u_start[0] + len(u_t)) if len(u_t) else slice(columns, columns)
-        self.col_upper[u_cols] = INFINITY
-        self.integer[u_cols] = False
+        self.u_cols = slice(columns - len(u_t) - int(with_peak), columns - int(with_peak))
+        self.col_upper[self.u_cols] = INFINITY  # bounded by the budget (or the peak's upper bound) below
+        self.integer[self.u_cols] = False
         if with_peak:
             self.integer[self.peak] = False
 
@@ -498,6 +500,10 @@ def build_model(costs: NodeCosts, budget: int | None, scales: Scales,
         rows, fixed = build.memory(t, scaled_budget)
         budget_rows.append(rows)
         budget_fixed.append(fixed)
+    # U is at most the budget (or the peak): implied by the budget rows (workspace >= 0), so the same
+    # solutions; bounded, every column is, which keeps the LP's weak-duality bound finite
+    # (solvers.ilp.backends.dual_bound).
+    build.col_upper[build.u_cols] = (budget if budget is not None else peak_bounds[1]) / scales.mem_unit
     if budget is None:
         lower, upper = peak_bounds
         build.col_cost[:] = 0.0
@@ -510,7 +516,7 @@ def build_model(costs: NodeCosts, budget: int | None, scales: Scales,
         costs, scales, build.slots, build.r_col, build.s_col, build.u_col, build.free_i, build.free_k, build.free_t,
         build.free_base, build.col_cost, build.col_lower, build.col_upper, build.integer, start, index, value,
         row_lower, row_upper, objective_constant, np.concatenate(budget_rows), np.concatenate(budget_fixed),
-        peak=build.peak, build_seconds=time.perf_counter() - started)
+        peak=build.peak, u_cols=build.u_cols, build_seconds=time.perf_counter() - started)
     LOG.debug("ilp: model of %d nodes built in %.1f s: %d columns, %d rows, %d nonzeros", n, model.build_seconds,
               model.num_cols, model.num_rows, model.num_nonzeros)
     return model

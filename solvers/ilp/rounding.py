@@ -50,7 +50,7 @@ def _roundings(model: CheckmateModel, values: np.ndarray, samples: int, rng: ran
 class Rounded:
     """What the LP relaxation and its roundings give."""
 
-    lower_bound: float | None  # the LP optimum at the full budget (seconds), when solved to optimality
+    lower_bound: float | None  # the LP's bound at the full budget (seconds), None when it gave none
     infeasible: bool  # the LP at the full budget is infeasible, hence the MILP too
     best: Candidate | None  # the cheapest rounding that fits the budget
     tried: int  # distinct compute orders simulated
@@ -59,13 +59,15 @@ class Rounded:
     steps: list = field(default_factory=list)
 
 def lp_rounding(model: CheckmateModel, graph, budget: int, backend: str, deadline: Clock, threads: int | None,
-                samples: int, rng: random.Random, fractions: Sequence[float] = LP_BUDGET_FRACTIONS) -> Rounded:
+                samples: int, rng: random.Random, fractions: Sequence[float] = LP_BUDGET_FRACTIONS,
+                lp_solver: str = "choose") -> Rounded:
     """Checkmate §5: solve the LP relaxation, round ``S`` (thresholds, then Bernoulli samples), take
     the least recomputation for each rounding, and keep the cheapest whose simulated peak fits.
 
     The LP is solved at ``budget * fraction`` for each fraction in turn (loosest first) until some
     rounding fits: a tighter LP leaves room for what rounding adds. ``model`` is left at
-    ``budget``.
+    ``budget``. ``lower_bound`` is the first LP's bound (:func:`solvers.ilp.backends.dual_bound` with
+    HiGHS). ``lp_solver``: see :func:`solvers.ilp.backends.run_backend`.
     """
     costs = model.costs
     result = Rounded(None, False, None, 0)
@@ -74,14 +76,14 @@ def lp_rounding(model: CheckmateModel, graph, budget: int, backend: str, deadlin
         for fraction in fractions:
             model.set_budget(budget * fraction)
             started = time.perf_counter()
-            outcome = run_backend(model, backend, deadline.left(), threads, relax=True)
+            outcome = run_backend(model, backend, deadline.left(), threads, relax=True, lp_solver=lp_solver)
             lp_seconds, started = time.perf_counter() - started, time.perf_counter()
             if fraction == fractions[0]:
                 if outcome.infeasible:
                     result.infeasible = True
                     return result
-                if outcome.optimal and outcome.objective is not None:  # a time-limited LP bounds nothing
-                    result.lower_bound = outcome.objective * model.scales.cost_unit
+                if outcome.bound is not None:  # weak duality from the LP's duals (HiGHS), or its optimum (CBC)
+                    result.lower_bound = outcome.bound * model.scales.cost_unit
             if outcome.has_solution:
                 for source, held in _roundings(model, outcome.values, samples, rng):
                     if result.best is not None and deadline.expired():
