@@ -6,7 +6,8 @@
 - Then, on graphs of at most :data:`ORDERFREE_MAX_NODES` nodes, with the exact methods' seconds
   (``time_limit``, default :data:`DEFAULT_EXACT_SECONDS`): on graphs with repeated blocks (a block
   class of at least :data:`solvers.hierarchical.REPEATED_MEMBERS` members: every transformer
-  layer the same) ``hierarchical`` with :data:`HIERARCHICAL_SHARE` of them (its block program's
+  layer the same) whose menu offers a choice (:func:`solvers.hierarchical.repeated_choices`)
+  ``hierarchical`` with :data:`HIERARCHICAL_SHARE` of them (its block program's
   plan, started from the fast methods' schedules, and the order-free relaxation's bound), else
   ``orderfree`` with :data:`ORDERFREE_SHARE` (its laid-out optimum, and the same bound); when the
   bound meets the cheapest schedule's cost, that schedule is proven optimal and nothing else runs.
@@ -74,9 +75,10 @@ def solve_auto(graph, budget: int, time_limit: float | None = None) -> Schedule:
     methods = list(FAST_METHODS)
     share = ORDERFREE_SHARE
     if nodes <= ORDERFREE_MAX_NODES:
-        from .hierarchical import REPEATED_MEMBERS, repeated_blocks
+        from .hierarchical import REPEATED_MEMBERS, repeated_choices
 
-        if repeated_blocks(graph) >= REPEATED_MEMBERS:
+        members, choices = repeated_choices(graph)
+        if members >= REPEATED_MEMBERS and choices >= 2:
             methods.append("hierarchical")
             share = HIERARCHICAL_SHARE
         else:

@@ -59,10 +59,11 @@ meets that bound; otherwise ``feasible`` with the gap. ``info.message`` names th
 """
 
 from .blocks import (MAX_SUBSET_NODES, MIN_BLOCK_NODES, REPEATED_MEMBERS, Option, OptionChain, block_classes,
-                     option_chain, repeated_blocks)
+                     option_chain, repeated_blocks, repeated_choices)
 from .method import METHOD, solve_hierarchical
 from .program import LEVELS, Program, lower, solve_program
 
 __all__ = ["LEVELS", "MAX_SUBSET_NODES", "METHOD", "MIN_BLOCK_NODES", "Option", "OptionChain", "Program",
-           "REPEATED_MEMBERS", "block_classes", "lower", "option_chain", "repeated_blocks", "solve_hierarchical",
+           "REPEATED_MEMBERS", "block_classes", "lower", "option_chain", "repeated_blocks", "repeated_choices",
+           "solve_hierarchical",
            "solve_program"]

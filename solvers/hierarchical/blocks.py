@@ -101,6 +101,21 @@ def repeated_blocks(graph) -> int:
     return max((big.count(c) for c in set(big)), default=0)
 
 
+def repeated_choices(graph) -> tuple[int, int]:
+    """(the most members a class of blocks of at least :data:`MIN_BLOCK_NODES` nodes has, the most
+    options the menu of such a class with at least :data:`REPEATED_MEMBERS` members has), on the
+    graph's first chain view. ``auto`` runs ``hierarchical`` where both are large enough: where
+    every repeated block has one option the program is dp's and the time is better spent on
+    orderfree's own search (gpt2-12-module3, docs/solvers.md)."""
+    view = chain_views(graph)[0]
+    oc, classes = option_chain(view)
+    big = [c for c in classes if len(view.forward[c]) + len(view.backward[c]) >= MIN_BLOCK_NODES]
+    members = max((big.count(c) for c in set(big)), default=0)
+    repeated = {c for c in set(big) if big.count(c) >= REPEATED_MEMBERS}
+    choices = max((len(oc.options[i]) for i, c in enumerate(classes[:view.length]) if c in repeated), default=0)
+    return members, choices
+
+
 # -- menus ----------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
