@@ -28,7 +28,14 @@ docs/algorithms.md ("Checkmate"), not from the paper's text. Where this model de
 - the paper's product definition of ``FREE`` is written as upper bounds only (the memory budget
   is the only thing that wants frees, so the solver sets ``FREE`` to 1 wherever allowed and it
   helps), aggregated per reader, with no ``FREE`` after a stage's last computation (it changes no
-  memory the model counts); ``U`` is bounded below by the recursion instead of equal to it.
+  memory the model counts); ``U`` is bounded below by the recursion instead of equal to it, and
+  above by the budget (implied by the budget rows; it keeps every column bounded, so that any row
+  duals give a finite bound by weak duality, :func:`solvers.ilp.backends.dual_bound`, which is
+  the LP bound the method uses).
+
+The model is built as sparse arrays, stage by stage (:mod:`solvers.ilp.model`), and passed to
+HiGHS in one call; docs/solvers-lp.md measures it against the PuLP model it replaced (a 1001-node
+training graph built and loaded in ~8 s wall, 2 s CPU, against ~10 minutes wall, 2 minutes CPU).
 
 The extracted schedule is the compute order read off ``R`` (stage by stage, ascending within a
 stage) with the frees of :func:`solvers.liveness.schedule_from_computes`, which frees every result

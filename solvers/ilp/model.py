@@ -24,8 +24,9 @@ from ..graph import NodeCosts
 LOG = logging.getLogger(__name__)
 
 INFINITY = math.inf
-# Measured seconds of building per column (docs/solvers-lp.md: 1001-node chain, 2.6 million columns
-# in ~9 s on this project's 2-core machine under load), rounded up: what the method uses to refuse,
+# Seconds of building per column, an upper estimate: a 1001-node training graph's 2.6 million
+# columns were built in 5.3-5.6 s and passed to HiGHS in 1.4-2.2 s at load averages of 3-8 on this
+# project's 2-core machine (~3e-6 s per column; docs/solvers-lp.md). What the method uses to refuse,
 # before building, a model that cannot be built in the time left.
 BUILD_SECONDS_PER_COLUMN = 5e-6
 
