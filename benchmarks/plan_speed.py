@@ -5,9 +5,12 @@ phases by wrapping the functions that do them: the trace (profiler/capture.py, m
 op-by-op timing (profiler/measure.py time_ops), the eager step's measured peak (the "N%" base), the
 region search, the plan's measurement, and the rest (cost graphs, grouping, the plan's figures).
 The machine's load average is printed with each run: on a shared machine every phase that runs the
-model slows with it.
+model slows with it. ``--cpu`` reports each phase's CPU time of this process (``time.process_time``)
+instead of its wall time: with ``--threads 1`` that is the work a phase does, which other processes'
+load changes much less than its wall time (run both trees of a comparison the same way).
 
-    python benchmarks/plan_speed.py [--layers 12] [--budget 50%] [--runs 3] [--out docs/benchmarks/plan-speed.md]
+    python benchmarks/plan_speed.py [--layers 12] [--budget 50%] [--runs 3] [--threads N] [--cpu]
+                                    [--out docs/benchmarks/plan-speed.md]
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
 import planner  # noqa: E402
+import torch  # noqa: E402
 from planner.planfile import PlanWarning  # noqa: E402
 import planner.native as native  # noqa: E402
 import profiler.api as profiler_api  # noqa: E402
@@ -34,7 +38,7 @@ PHASES = ("trace", "op timing", "eager measure", "search", "plan measure")
 
 
 @contextlib.contextmanager
-def phase_timers(seconds: dict[str, float]):
+def phase_timers(seconds: dict[str, float], clock=time.perf_counter):
     """Wrap the functions of each phase so that their time adds to ``seconds[phase]``; the first
     measure_native call of a plan is the eager step's, the later ones the plan's."""
     calls = defaultdict(int)
@@ -45,11 +49,11 @@ def phase_timers(seconds: dict[str, float]):
         def wrapper(*args, **kwargs):
             phase = phase_of(calls[name])
             calls[name] += 1
-            started = time.perf_counter()
+            started = clock()
             try:
                 return original(*args, **kwargs)
             finally:
-                seconds[phase] += time.perf_counter() - started
+                seconds[phase] += clock() - started
 
         setattr(module, name, wrapper)
         return original
@@ -68,17 +72,17 @@ def phase_timers(seconds: dict[str, float]):
             setattr(module, name, original)
 
 
-def run(layers: int, budget: str, runs: int) -> list[tuple]:
+def run(layers: int, budget: str, runs: int, clock=time.perf_counter) -> list[tuple]:
     model, inputs = gpt2.build_model(layers=layers), gpt2.example_inputs()
     rows = []
     for index in range(runs):
         seconds: dict[str, float] = defaultdict(float)
         load = os.getloadavg()[0]
-        with phase_timers(seconds), warnings.catch_warnings(record=True) as caught:
+        with phase_timers(seconds, clock), warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            started = time.perf_counter()
+            started = clock()
             plan = planner.plan(model, inputs, budget, loss_fn=gpt2.loss_fn)
-            total = time.perf_counter() - started
+            total = clock() - started
         rest = total - sum(seconds[p] for p in PHASES)
         warned = any(issubclass(w.category, PlanWarning) for w in caught)
         rows.append((index + 1, f"{load:.1f}", f"{total:.1f}", *(f"{seconds[p]:.2f}" for p in PHASES), f"{rest:.2f}",
@@ -97,12 +101,18 @@ def main(argv=None) -> int:
     parser.add_argument("--layers", type=int, default=12)
     parser.add_argument("--budget", default="50%")
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
+    parser.add_argument("--cpu", action="store_true", help="CPU time of the process instead of wall time")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     start_load = os.getloadavg()[0]
-    rows = run(args.layers, args.budget, args.runs)
-    text = (f"`python benchmarks/plan_speed.py --layers {args.layers} --budget {args.budget} --runs {args.runs}`: "
-            f"`planner.plan` of a {args.layers}-layer GPT-2 (width 256, batch 4x128) at {args.budget}, in one process; "
+    rows = run(args.layers, args.budget, args.runs, time.process_time if args.cpu else time.perf_counter)
+    options = (f" --threads {args.threads}" if args.threads else "") + (" --cpu" if args.cpu else "")
+    text = (f"`python benchmarks/plan_speed.py --layers {args.layers} --budget {args.budget} --runs {args.runs}{options}`: "
+            f"`planner.plan` of a {args.layers}-layer GPT-2 (width 256, batch 4x128) at {args.budget}, in one process, "
+            f"{'CPU' if args.cpu else 'wall'} seconds, {torch.get_num_threads()} torch threads; "
             f"load average {start_load:.1f} at the start, {os.getloadavg()[0]:.1f} at the end, on {os.cpu_count()} "
             "cores ('load' is the 1-minute load average as each run started).\n\n"
             + markdown_table(HEADER, rows) + "\n")

@@ -396,8 +396,9 @@ def plan_native(model: torch.nn.Module, example_inputs, budget: Budget, loss_fn=
     # Profiling runs every op of the step: the measurements after it need no warm-up step (on CPU).
     warm = profile is None
     if profile is None:
-        # Unfused: eager autograd runs the cross-entropy backward as two logits-sized ops.
-        profile = profiler.profile(model, example_inputs, loss_fn=loss_fn, granularity=granularity, fuse_loss=False)
+        # Unfused: eager autograd runs the cross-entropy backward as two logits-sized ops. Single
+        # ops, the grouping the region search reads (``granularity`` groups the traced executor's).
+        profile = profiler.profile(model, example_inputs, loss_fn=loss_fn, granularity="op", fuse_loss=False)
     op_graph = profile.regroup("op").graph
     fixed = _fixed_bytes(op_graph) + extra
     from solvers.regions import evaluate

@@ -69,6 +69,8 @@ class Profile:
         """The same measurements grouped at another granularity (no new measurement; the same
         profile for the same granularity: built once, then kept)."""
         key = parse_granularity(granularity)
+        if key != "auto" and self.granularity == ("op" if key is None else f"module:{key}"):
+            return self
         if key not in self.regrouped:
             grouping, label = choose_grouping(self.joint, granularity)
             graph = build_cost_graph(self.joint, grouping, self.times)

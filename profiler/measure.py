@@ -1,17 +1,18 @@
 """Measure what each op of the joint graph costs on the model's device.
 
 The graph is run as a whole, op by op, with real tensors (a real training step each time, so caches
-are as warm as in training): one warm-up run, then at least two timed runs. Each op's time is the
-least over the samples of its **signature** (the aten op and its arguments' shapes, strides, dtypes
+are as warm as in training): one warm-up run, then two timed runs (one if ``repeats`` is 1). Each
+op's time is the least over the samples of its **signature** (the aten op and its arguments' shapes, strides, dtypes
 and other values): the ops of a model's repeated blocks are the same computation, so a 12-layer
 transformer's layer ops get 12 samples per run instead of one, and every instance of them gets the
 same time. Another process's load only ever adds to an op's time, so the least is the sample it
 disturbed least (with medians, two profiles of a 6-layer GPT-2 on a loaded 2-core machine chose
 different regions at 2 of 3 budgets; with the least, the same at all 3). An op whose signature
-occurs fewer than ``repeats`` times in the graph is called again in place (same inputs, result
-dropped) until it has ``repeats`` samples, unless it mutates its inputs or draws random numbers. A
-third run (up to ``max(repeats, 2)`` in all) is made only when the second moved the step's total
-by more than :data:`SETTLED` from the first.
+would have fewer than ``repeats`` samples over two runs (an op of the model's head, seen once) is
+called again in place in the first run (same inputs, result dropped) until it would, unless it
+mutates its inputs or draws random numbers. A
+third run (up to ``repeats`` runs in all) is made only when the second moved the step's total by
+more than :data:`SETTLED` from the first.
 
 On a GPU every op is bracketed by CUDA events; on CPU by the wall clock. The RNG is reset before
 each run, so every run draws the same numbers, and restored afterwards. Buffer mutations (``copy_``
@@ -114,13 +115,13 @@ def time_ops(graph_module: fx.GraphModule, inputs: list, repeats: int = 3) -> Op
             _run_graph(graph_module, inputs, frees, _WarmUp(use_events, scratch, signatures), saved_rng)
         if memory_profile is not None:
             scratch.update(_scratch_from_events(memory_profile))
-        extra = _extra_calls(graph, signatures, repeats)
+        extra = _extra_calls(graph, signatures, repeats, runs=min(repeats, 2))
         while True:
             samples: dict[str, list[float]] = {}
             timing = _Timing(use_events, samples, extra if not runs else {})
             step_times.append(_run_graph(graph_module, inputs, frees, timing, saved_rng))
             runs.append(samples)
-            if len(runs) >= max(repeats, 2) or (len(runs) >= 2 and _settled(runs, signatures)):
+            if len(runs) >= repeats or (len(runs) >= 2 and _settled(runs, signatures)):
                 break
     finally:
         set_rng_state(saved_rng)
@@ -152,19 +153,20 @@ def _repeatable(node: fx.Node) -> bool:
             and torch.Tag.nondeterministic_seeded not in target.tags)
 
 
-def _extra_calls(graph: fx.Graph, signatures: dict[str, tuple], repeats: int) -> dict[str, int]:
-    """fx name -> calls in place beyond its own in the first timed run: the first op of each
-    repeatable signature that has fewer than ``repeats`` instances, to bring it to ``repeats``."""
+def _extra_calls(graph: fx.Graph, signatures: dict[str, tuple], repeats: int, runs: int) -> dict[str, int]:
+    """fx name -> calls in place beyond its own in the first timed run: for the first op of each
+    repeatable signature with fewer than ``repeats`` samples over ``runs`` timed runs, the calls
+    that bring it to ``repeats``."""
     count: dict[tuple, int] = {}
     for signature in signatures.values():
         count[signature] = count.get(signature, 0) + 1
     extra, given = {}, set()
     for node in graph.nodes:
         signature = signatures.get(node.name)
-        if signature is None or signature in given or count[signature] >= repeats or not _repeatable(node):
+        if signature is None or signature in given or count[signature] * runs >= repeats or not _repeatable(node):
             continue
         given.add(signature)
-        extra[node.name] = repeats - count[signature]
+        extra[node.name] = repeats - count[signature] * runs
     return extra
 
 

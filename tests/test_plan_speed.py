@@ -43,15 +43,16 @@ def test_only_ops_that_change_nothing_are_called_again_in_place():
     assert not _repeatable(nodes["bernoulli"]) and not _repeatable(nodes["dropout"])  # draws
 
 
-def test_signatures_seen_fewer_times_than_asked_get_calls_in_place_on_their_first_op():
+def test_signatures_with_fewer_samples_than_asked_get_calls_in_place_on_their_first_op():
     graph = fx.Graph()
     x = graph.placeholder("x")
     layer = [graph.call_function(torch.ops.aten.relu.default, (x,)) for _ in range(4)]
     head = graph.call_function(torch.ops.aten.sum.default, (layer[-1],))
     twice = [graph.call_function(torch.ops.aten.neg.default, (head,)) for _ in range(2)]
     signatures = {n.name: ("relu",) for n in layer} | {head.name: ("sum",)} | {n.name: ("neg",) for n in twice}
-    assert _extra_calls(graph, signatures, repeats=3) == {head.name: 2, twice[0].name: 1}
-    assert _extra_calls(graph, signatures, repeats=1) == {}
+    assert _extra_calls(graph, signatures, repeats=3, runs=1) == {head.name: 2, twice[0].name: 1}
+    assert _extra_calls(graph, signatures, repeats=3, runs=2) == {head.name: 1}  # 2 samples of each neg
+    assert _extra_calls(graph, signatures, repeats=1, runs=1) == {}
 
 
 def test_repeated_blocks_get_one_time_per_signature_and_every_op_is_timed():
@@ -87,7 +88,8 @@ def test_timing_leaves_the_generator_as_it_was():
 def test_the_op_level_profile_is_built_once():
     prof = profiler.profile(nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 1)), (torch.randn(4, 8),))
     assert prof.regroup("op") is prof.regroup("op")
-    assert prof.regroup("op").regroup("op") is prof.regroup("op").regroup("op")
+    assert prof.regroup("op").regroup("op") is prof.regroup("op")  # an op-level profile is its own
+    assert prof.regroup(prof.granularity) is prof
 
 
 def test_a_step_measured_without_warm_up_after_profiling_peaks_as_with_it():
