@@ -168,3 +168,61 @@ def test_auto_uses_it_on_repeated_blocks_and_names_the_bound():
     assert "hierarchical" in message
     assert "order-free relaxation" in message
     assert simulate(graph, schedule).peak_bytes <= budget
+
+
+def property_cases(count: int, seed: int = 0):
+    """(graph, budget) pairs of the property tests' kinds (random DAGs, chains, training graphs with
+    and without skips, with and without workspace and a pinned node), 3-12 nodes, at budgets from
+    below the least peak to above store-all's."""
+    from graphs import random_dag, with_extras
+
+    rng = random.Random(seed)
+    for _ in range(count):
+        kind, size, graph_seed = rng.choice(["dag", "chain", "training", "skips"]), rng.randint(3, 12), rng.randint(0, 9999)
+        if kind == "dag":
+            graph = random_dag(size, edge_probability=0.3, seed=graph_seed)
+        elif kind == "chain":
+            graph = chain_graph(size, seed=graph_seed)
+        else:
+            graph = training_graph(max(2, size // 2), seed=graph_seed, skips=2 if kind == "skips" else 0)
+        if rng.random() < 0.5:
+            graph = with_extras(graph, graph_seed)
+        yield graph, int(rng.uniform(0.0, 1.2) * store_all_peak(graph))
+
+
+@pytest.mark.parametrize("case", range(30))
+def test_claims_hold_against_the_exhaustive_optimum_on_small_graphs(case):
+    """Valid within the budget or Infeasible with a budget it meets (check_contract); never below
+    the exhaustive optimum; ``optimal`` only at it; the bound never above it; the gap is the bound's."""
+    graph, budget = list(property_cases(30, seed=11))[case]
+    if check_contract(graph, budget, "hierarchical", time_limit=20) is None:
+        return
+    try:
+        schedule = solve(graph, budget, method="hierarchical", time_limit=20)
+    except Infeasible:
+        return
+    optimum = min_cost_schedule(graph, budget).info.compute_cost
+    cost, info = simulate(graph, schedule).compute_cost, schedule.info
+    assert cost >= optimum - 1e-9 * max(1.0, optimum)
+    assert info.lower_bound <= optimum + 1e-9 * max(1.0, optimum)
+    if info.status == "optimal":
+        assert cost == pytest.approx(optimum)
+    assert info.gap == pytest.approx((cost - info.lower_bound) / cost if cost > 0 else 0.0, abs=1e-9)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_every_plan_runs_the_loss_and_each_backward_once(seed):
+    # The unfolding once emitted the loss for the empty sub-problem C(L, L-1) too: a plan ran the
+    # loss twice, and a pinned node after it was computed twice.
+    rng = random.Random(seed)
+    chain = random_chain(rng, rng.randint(2, 7))
+    options = tuple((Option(frozenset(), (), chain.xbar[i + 1], chain.ftmp[i], chain.btmp[i], chain.bw[i]),)
+                    for i in range(chain.length))
+    program = solve_program(OptionChain(chain, options, tuple(chain.ftmp), chain.x, chain.x, chain.btmp[-1]), 200, unit=1)
+    row = program.value[0, chain.length]
+    for level in range(201):
+        if row[level] == float("inf"):
+            continue
+        kinds = [(op.kind, op.stage) for op, _ in program.sequence(level)]
+        assert kinds.count(("L", chain.length)) == 1
+        assert sorted(stage for kind, stage in kinds if kind == "B") == list(range(chain.length))

@@ -55,10 +55,10 @@ class Program:
 
     def _unfold(self, i: int, l: int, m: int, out: list) -> None:
         length = self.oc.chain.length
+        if i > l:  # C(l+1, l): nothing to do (y_{l+1} is held); before the loss's test: (L, L-1) is empty too
+            return
         if i == length:
             out.append((Op("L", length), -1))
-            return
-        if i > l:
             return
         c = int(self.choice[i, l][m])
         if c == -1:
