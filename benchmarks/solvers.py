@@ -1,6 +1,6 @@
 """Solve time and proven gap of every method, on graphs from ~20 to ~1000 nodes.
 
-    python benchmarks/solvers.py [--time-limit 60] [--large-time-limit 300] [--out docs/solvers-benchmark.md]
+    python benchmarks/solvers.py [--time-limit 60] [--large-time-limit 300] [--out docs/benchmarks/solvers-run.md]
 
 Graphs: Checkmate's linear training graphs ("chain", forward L layers, loss, backward L layers, the
 backward of layer i reading its activation) and the same with forward skip connections and their
@@ -12,7 +12,9 @@ get --time-limit seconds, --large-time-limit above 500 nodes; ilp runs its LP ro
 --ilp-exact-max-nodes (150; its exact model grows as n^2). `--methods ...,ilp@cpsat-order` adds
 cpsat followed by ilp warm-started from cpsat's schedule (each with the whole limit): the MILP then
 fixes cpsat's order of first computations, and its gap says how far cpsat's schedule is from the
-best schedule with that order. Prints the table and writes it (Markdown) to --out.
+best schedule with that order. Prints the table and writes it (Markdown, with the command that made
+it) to --out, a file of its own (default docs/benchmarks/solvers-run.md, overwritten by each run):
+docs/solvers-benchmark.md is written by hand from such runs and is never overwritten.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from planner.planfile import graph_from_dict  # noqa: E402
 from solvers import Infeasible, simulate, solve  # noqa: E402
 from solvers.store_all import store_all_schedule  # noqa: E402
 
-METHODS = ["chen-sqrtn", "chen-greedy", "revolve", "dp", "ilp", "cpsat", "orderfree"]
+METHODS = ["chen-sqrtn", "chen-greedy", "revolve", "dp", "ilp", "cpsat", "orderfree", "hierarchical"]
 # Not in the default run: cpsat, then ilp warm-started from cpsat's schedule, which fixes the MILP's
 # order of first computations to cpsat's. Its gap is measured in that order only (it bounds no other
 # order), so it says how far cpsat's schedule is from the best with the same order.
@@ -104,10 +106,14 @@ def main(argv=None) -> int:
     parser.add_argument("--only", default="", help="comma-separated graph names (default: all)")
     parser.add_argument("--ilp-exact-max-nodes", type=int, default=ILP_EXACT_MAX_NODES,
                         help="ilp (and ilp@cpsat-order) solve the exact MILP up to this many nodes, LP rounding above")
-    parser.add_argument("--out", default=os.path.join(ROOT, "docs", "solvers-benchmark.md"))
+    parser.add_argument("--out", default=os.path.join(ROOT, "docs", "benchmarks", "solvers-run.md"),
+                        help="the Markdown file this run writes, whole (not docs/solvers-benchmark.md, written by hand)")
     parser.add_argument("--verbose", action="store_true",
                         help="log the solvers' steps (model sizes, LP and MILP times) to stderr")
     args = parser.parse_args(argv)
+    if os.path.abspath(args.out) == os.path.join(ROOT, "docs", "solvers-benchmark.md"):
+        parser.error("docs/solvers-benchmark.md is written by hand from runs of this script; "
+                     "give --out another file (default docs/benchmarks/solvers-run.md)")
     if args.verbose:
         logging.basicConfig(format="%(asctime)s %(message)s", level=logging.WARNING)
         logging.getLogger("solvers").setLevel(logging.DEBUG)
@@ -135,11 +141,15 @@ def main(argv=None) -> int:
                     f"| {status} | {gap} |")
             lines.append(line)
             print(line, flush=True)
+    command = "python benchmarks/solvers.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     text = (
-        f"Solver benchmark (`python benchmarks/solvers.py`, time limit {args.time_limit:g} s, "
-        f"{args.large_time_limit:g} s above 500 nodes; 2-core CPU). Overhead is the schedule's compute "
+        f"Solver benchmark (`{command.strip()}`, time limit {args.time_limit:g} s, "
+        f"{args.large_time_limit:g} s above 500 nodes; {os.cpu_count()} CPUs, load average {load:.1f} at the end; "
+        f"finished {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}). Overhead is the schedule's compute "
         "time over the un-checkpointed step's; the proven gap is the solver's own, between its schedule "
-        "and its lower bound.\n\n" + "\n".join(lines) + "\n"
+        "and its lower bound. Written by the script; docs/solvers-benchmark.md is the hand-written page.\n\n"
+        + "\n".join(lines) + "\n"
     )
     write_atomic(args.out, text)
     return 0
