@@ -9,8 +9,10 @@
   layer the same) whose menu offers a choice (:func:`solvers.hierarchical.repeated_choices`)
   ``hierarchical`` with :data:`HIERARCHICAL_SHARE` of them (its block program's
   plan, started from the fast methods' schedules, and the order-free relaxation's bound), else
-  ``orderfree`` with :data:`ORDERFREE_SHARE` (its laid-out optimum, and the same bound); when the
-  bound meets the cheapest schedule's cost, that schedule is proven optimal and nothing else runs.
+  ``orderfree`` with :data:`ORDERFREE_SHARE` (its laid-out optimum, and the same bound); either
+  with at least :data:`SOLE_EXACT_SHARE` above :data:`EXACT_MAX_NODES` nodes, where nothing runs
+  after it. When the bound meets the cheapest schedule's cost, that schedule is proven optimal and
+  nothing else runs.
 - Otherwise, on graphs of at most :data:`EXACT_MAX_NODES` nodes, ``cpsat`` with the rest of those
   seconds, hinted with the fast methods' schedules. The cheapest schedule wins; its ``lower_bound``
   is the best bound any of them proved (the order-free one, or cpsat's own), its status
