@@ -161,9 +161,10 @@ def _solve_lp_rounding(graph, costs, budget, backend, deadline, threads, candida
     best = min(pool, key=lambda c: c.cost)
     status = OPTIMAL if _proven(best.cost, rounded.lower_bound) else FEASIBLE
     message = f"LP relaxation + rounding ({rounded.tried} roundings); best from {best.source}"
-    if rounded.lower_bound is None:
+    if not rounded.lp_optimal:
         seconds = sum(step[1] for step in rounded.steps)
-        message += f"; the LP was not solved to optimality in the time limit ({seconds:.0f} s in HiGHS)"
+        message += (f"; the LP was not solved to optimality in the time limit ({seconds:.0f} s in HiGHS)"
+                    + ("" if rounded.lower_bound is None else ": its bound is the stopped LP's, by weak duality"))
     return _finish(best, budget, status, rounded.lower_bound, message)
 
 def solve_ilp(graph, budget: int, time_limit: float | None = None, *, backend: str = "highs",

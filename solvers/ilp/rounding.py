@@ -57,6 +57,7 @@ class Rounded:
     # per LP solved: (fraction of the budget, LP seconds, its value in seconds or None, seconds of
     # rounding, completing and simulating its roundings)
     steps: list = field(default_factory=list)
+    lp_optimal: bool = False  # the LP at the full budget was solved to optimality (else stopped)
 
 def lp_rounding(model: CheckmateModel, graph, budget: int, backend: str, deadline: Clock, threads: int | None,
                 samples: int, rng: random.Random, fractions: Sequence[float] = LP_BUDGET_FRACTIONS,
@@ -84,6 +85,7 @@ def lp_rounding(model: CheckmateModel, graph, budget: int, backend: str, deadlin
                     return result
                 if outcome.bound is not None:  # weak duality from the LP's duals (HiGHS), or its optimum (CBC)
                     result.lower_bound = outcome.bound * model.scales.cost_unit
+                result.lp_optimal = outcome.optimal
             if outcome.has_solution:
                 for source, held in _roundings(model, outcome.values, samples, rng):
                     if result.best is not None and deadline.expired():
