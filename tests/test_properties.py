@@ -15,7 +15,7 @@ from solvers.exhaustive import min_cost_schedule, min_peak
 
 # ilp and cpsat search: keep their graphs small so that a hypothesis run stays in seconds.
 FAST_METHODS = ["store-all", "chen-sqrtn", "chen-greedy", "revolve", "dp"]
-SEARCH_METHODS = ["ilp", "cpsat", "orderfree"]
+SEARCH_METHODS = ["ilp", "cpsat", "orderfree", "hierarchical"]
 
 
 def graphs(max_nodes: int):
