@@ -173,10 +173,16 @@ class _ModuleTagger:
             module = self.owner.get(node._sequence_nr(), "")
             number = len(seen)
 
-            def hook(grad_outputs, module=module, number=number):
+            def before(grad_outputs, module=module, number=number):
                 self._set(module, "backward", number)
 
-            node.register_prehook(hook)
+            def after(grad_inputs, grad_outputs, module=module):
+                # The engine releases the node's inputs and saved tensors here; what runs before the
+                # next node (adding two gradients of one tensor) is nobody's.
+                self._set(module, "backward")
+
+            node.register_prehook(before)
+            node.register_hook(after)
             stack.extend(fn for fn, _ in node.next_functions if fn is not None)
         self._set("", "backward")
 

@@ -29,7 +29,7 @@ def count_extractions_once(graph: nx.DiGraph) -> nx.DiGraph:
         if data.get("value_class") not in EXTRACTED_ONCE or data.get("kind") == "loss":
             continue
         sources = list(graph.predecessors(v))
-        if len(sources) == 1 and graph.nodes[sources[0]].get("value_class") not in EXTRACTED_ONCE:
+        if len(sources) == 1 and _is_extraction_of(v, data, sources[0]):
             moves[sources[0]] = moves.get(sources[0], 0) + int(data["mem"])
     if not moves:
         return graph
@@ -40,3 +40,10 @@ def count_extractions_once(graph: nx.DiGraph) -> nx.DiGraph:
         data["mem"] = int(data["mem"]) - extracted
         data["workspace"] = int(data.get("workspace", 0)) + extracted
     return result
+
+
+def _is_extraction_of(node, data: dict, source) -> bool:
+    """An extraction runs no op and is named after its source (``"<source>/<value class>"``); a
+    group whose own values are all special (the logits of a language model head) is a group, and
+    holds its bytes once already."""
+    return data.get("ops") == 0 and str(node) == f"{source}/{data.get('value_class')}"

@@ -90,7 +90,7 @@ def test_a_model_output_held_by_its_extraction_is_counted_once():
     _node(graph, "x", 10, "forward")
     _node(graph, "y", 100, "forward")
     _node(graph, "y/model_output", 60, "forward")
-    graph.nodes["y/model_output"].update(value_class="model_output", pinned=True)
+    graph.nodes["y/model_output"].update(value_class="model_output", pinned=True, ops=0)
     _node(graph, "g", 5, "backward")
     graph.nodes["g"]["output"] = True
     graph.add_edges_from([("x", "y"), ("y", "y/model_output"), ("y/model_output", "g"), ("y", "g")])
@@ -118,3 +118,33 @@ def test_a_transformer_encoders_output_is_not_predicted_twice():
     predicted = _fixed_bytes(graph) + evaluate(graph, regions).outcome.peak_bytes + _rng_bytes(regions, [])
     measured = measure_native(model, regions, inputs, loss_fn).peak_bytes
     assert 0 <= predicted - measured <= 0.015 * measured, (predicted, measured)
+
+
+def test_a_group_of_special_values_is_not_an_extraction():
+    """A language model head's logits are a group of their own (value class model_output), reading
+    the last norm: nothing of the norm's bytes is theirs."""
+    from solvers.extractions import count_extractions_once
+
+    graph = nx.DiGraph()
+    _node(graph, "norm", 100, "forward")
+    _node(graph, "logits", 1000, "forward")
+    graph.nodes["logits"].update(value_class="model_output", pinned=True, ops=1)
+    graph.add_edge("norm", "logits")
+    assert count_extractions_once(graph) is graph
+
+
+@pytest.mark.parametrize("regions", [("transformer.h.2",), ("transformer.h.0", "transformer.h.1")])
+def test_gpt2_blocks_last_or_not_are_predicted_within_a_percent(regions):
+    """The last block checkpointed was predicted 2.2% low (its recomputation at the backward's start,
+    where BmmBackward0 and the addmm backwards hold their inputs to their last op); the first two,
+    with gradients of the residual stream added between nodes (ops of no node), 5.8% high when those
+    adds were counted in the node before them."""
+    from models import gpt2, gpt2_inputs, hf_loss
+
+    pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    model, inputs = gpt2(layers=3, embd=64, heads=4, vocab=256, positions=64), gpt2_inputs(batch=2, tokens=64, vocab=256)
+    graph = profiler.profile(model, inputs, loss_fn=hf_loss, fuse_loss=False).regroup("op").graph
+    predicted = _fixed_bytes(graph) + evaluate(graph, regions).outcome.peak_bytes + _rng_bytes(regions, [])
+    measured = measure_native(model, regions, inputs, hf_loss).peak_bytes
+    assert -0.005 * measured <= predicted - measured <= 0.01 * measured, (predicted, measured)
