@@ -339,6 +339,17 @@ def refuse_wrapped(model: torch.nn.Module) -> None:
                          "the sharding in the budget")
 
 
+def _called(model: torch.nn.Module, path: str) -> bool:
+    """Whether the module at ``path`` is called in the forward: a ``ModuleList`` or ``ModuleDict``
+    (GPT-2's ``transformer.h``) is a path prefix of the ops of its children but is never called
+    itself, so wrapping its forward in a checkpoint would change nothing."""
+    try:
+        module = model.get_submodule(path)
+    except AttributeError:
+        return True  # a path the trace names but the module tree does not: keep the search's view
+    return not isinstance(module, (torch.nn.ModuleList, torch.nn.ModuleDict))
+
+
 def solve_native(profile: profiler.Profile, model: torch.nn.Module, budget_bytes: int,
                  time_limit: float | None = None, extra_bytes: int = 0,
                  distributed=None) -> tuple[RegionPlan, int]:
@@ -350,7 +361,7 @@ def solve_native(profile: profiler.Profile, model: torch.nn.Module, budget_bytes
     unwrapped = fixed
     fixed += wrapper_bytes(model, distributed)
     sequentials = sequential_containers(model)
-    candidates = candidate_regions(graph)
+    candidates = [c for c in candidate_regions(graph) if _called(model, c)]
     activation_budget = budget_bytes - fixed
     for _ in range(3):  # the RNG states (and FSDP2's gathered units) depend on the regions: settle them
         if activation_budget < 0:

@@ -148,3 +148,13 @@ def test_gpt2_blocks_last_or_not_are_predicted_within_a_percent(regions):
     predicted = _fixed_bytes(graph) + evaluate(graph, regions).outcome.peak_bytes + _rng_bytes(regions, [])
     measured = measure_native(model, regions, inputs, hf_loss).peak_bytes
     assert -0.005 * measured <= predicted - measured <= 0.01 * measured, (predicted, measured)
+
+
+def test_a_module_list_is_no_region():
+    """A ModuleList is the path prefix of its children's ops but is never called: a checkpoint on it
+    would be predicted to free memory that nothing frees."""
+    from planner.native import _called
+
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2))
+    model.blocks = torch.nn.ModuleList([torch.nn.Linear(2, 2)])
+    assert not _called(model, "blocks") and _called(model, "blocks.0") and _called(model, "0")
