@@ -86,13 +86,13 @@ def run(layers: int, budget: str, runs: int, clock=time.perf_counter) -> list[tu
         rest = total - sum(seconds[p] for p in PHASES)
         warned = any(issubclass(w.category, PlanWarning) for w in caught)
         rows.append((index + 1, f"{load:.1f}", f"{total:.1f}", *(f"{seconds[p]:.2f}" for p in PHASES), f"{rest:.2f}",
-                     len(plan.regions), f"{plan.predicted_seconds * 1000:.0f}", f"{plan.measured_seconds * 1000:.0f}",
+                     plan.profile.times.runs, len(plan.regions), f"{plan.predicted_seconds * 1000:.0f}", f"{plan.measured_seconds * 1000:.0f}",
                      "yes" if warned else "no"))
         print(*rows[-1], flush=True)
     return rows
 
 
-HEADER = ("run", "load", "total s", *(f"{p} s" for p in PHASES), "rest s", "regions", "predicted step ms",
+HEADER = ("run", "load", "total s", *(f"{p} s" for p in PHASES), "rest s", "timed op runs", "regions", "predicted step ms",
           "measured step ms", "time warning")
 
 
