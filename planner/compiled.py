@@ -182,8 +182,10 @@ def plan_compiled_native(model: torch.nn.Module, example_inputs, budget: Budget,
     started = time.perf_counter()
     refuse_wrapped(model)
     remove_native(model)
-    if profile is None:  # unfused, as plan_native traces it: what eager autograd runs
-        profile = profiler.profile(model, example_inputs, loss_fn=loss_fn, granularity=granularity, fuse_loss=False)
+    if profile is None:  # as plan_native traces it: what eager autograd runs
+        from .api import profile_for
+
+        profile = profile_for(model, example_inputs, loss_fn=loss_fn, granularity=granularity)
     search = _Search(model, example_inputs, loss_fn, repeats, max_compiles)
 
     def eager(target: int) -> NativePlan:
