@@ -9,6 +9,7 @@ import torch
 
 import profiler
 import runtime
+from runtime.rnn import staged_for_trace
 from profiler.api import parse_granularity
 from profiler.state import cuda_devices
 from solvers import Infeasible, simulate
@@ -229,7 +230,10 @@ def profile_for(model: torch.nn.Module, example_inputs, loss_fn: Callable | None
     native executor plans what eager autograd runs (the cross-entropy backward unfused), the traced
     one what its trace runs (fused, profiler/fusions.py)."""
     native = _executor(executor, solver) == "native"
-    return profiler.profile(model, example_inputs, loss_fn=loss_fn, granularity=granularity, fuse_loss=not native)
+    if not native:
+        return profiler.profile(model, example_inputs, loss_fn=loss_fn, granularity=granularity, fuse_loss=True)
+    with staged_for_trace(model):  # as plan_native traces: a stacked RNN's layers as modules
+        return profiler.profile(model, example_inputs, loss_fn=loss_fn, granularity=granularity, fuse_loss=False)
 
 
 def _executor(executor: str | None, solver: str) -> str:

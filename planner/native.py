@@ -29,7 +29,7 @@ from profiler.inputs import normalise_inputs
 from profiler.state import cuda_devices, rng_state_bytes
 from runtime.chain import module_fingerprint
 from runtime.native import apply_native, input_shapes, parse_region, remove_native
-from runtime.rnn import install_rnn_stages, remove_rnn_stages
+from runtime.rnn import staged_for_trace
 from solvers import Infeasible
 from solvers.regions import RegionPlan, candidate_regions, plan_regions, region_costs
 from solvers.schedule import SolverInfo
@@ -408,13 +408,11 @@ def plan_native(model: torch.nn.Module, example_inputs, budget: Budget, loss_fn=
     # Profiling runs every op of the step: the measurements after it need no warm-up step (on CPU).
     warm = profile is None
     if profile is None:
-        install_rnn_stages(model)  # a stacked RNN's layers as modules the search can checkpoint (runtime/rnn.py)
-        try:
-            # Unfused: eager autograd runs the cross-entropy backward as two logits-sized ops. Single
-            # ops, the grouping the region search reads (``granularity`` groups the traced executor's).
+        # A stacked RNN's layers as modules the search can checkpoint (runtime/rnn.py). Unfused: eager
+        # autograd runs the cross-entropy backward as two logits-sized ops. Single ops, the grouping
+        # the region search reads (``granularity`` groups the traced executor's).
+        with staged_for_trace(model):
             profile = profiler.profile(model, example_inputs, loss_fn=loss_fn, granularity="op", fuse_loss=False)
-        finally:
-            remove_rnn_stages(model)  # apply_native installs them again for regions that name a stage
     op_graph = profile.regroup("op").graph
     fixed = _fixed_bytes(op_graph) + extra
     from solvers.regions import evaluate

@@ -50,6 +50,7 @@ masks; not measured either): :func:`install_for_regions` refuses to stage those 
 
 from __future__ import annotations
 
+import contextlib
 import re
 
 import torch
@@ -228,6 +229,18 @@ def remove_rnn_stages(model: nn.Module) -> nn.Module:
         if staged_as(module) is not None:
             _uninstall(module)
     return model
+
+
+@contextlib.contextmanager
+def staged_for_trace(model: nn.Module):
+    """Stacked RNNs as stages while the block runs (the trace a native plan is searched on), undone
+    after; a model staged already (time chunks, opted in by the user) is traced as it is and kept."""
+    installed = [] if stage_paths(model) else install_rnn_stages(model)
+    try:
+        yield model
+    finally:
+        if installed:
+            remove_rnn_stages(model)  # apply_native installs them again for regions that name a stage
 
 
 def stage_paths(model: nn.Module) -> list[str]:
