@@ -24,7 +24,6 @@ tools reading any plan keep working; they are a description, not what the figure
 
 from __future__ import annotations
 
-import statistics
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -37,8 +36,7 @@ import runtime
 from profiler.capture import CaptureError, autocast_state, default_loss
 from profiler.costgraph import fingerprint as graph_fingerprint
 from profiler.inputs import input_layout, normalise_inputs
-from profiler.allocations import allocated_while
-from profiler.memory import StepMeasurement, measure_step, resident_bytes
+from profiler.memory import StepMeasurement, measure_step
 from profiler.state import cuda_devices, preserved_state
 from solvers import Infeasible, Schedule, simulate
 from solvers.schedule import COMPUTE, FREE
@@ -323,41 +321,10 @@ def measure_planned_step(module, example_inputs, loss_fn, repeats: int, warm_up:
     try:
         if warm_up:
             return measure_step(module, example_inputs, loss_fn=loss_fn, repeats=max(repeats, 1))
-        return _measure_step_warm(module, example_inputs, loss_fn, repeats)
+        return measure_step(module, example_inputs, loss_fn=loss_fn, repeats=repeats, warm_up=False)
     finally:
         for p, grad in grads:
             p.grad = grad
-
-
-def _measure_step_warm(module, example_inputs, loss_fn, repeats: int) -> StepMeasurement:
-    """measure_step without its warm-up step on CPU: the step whose allocations are recorded comes
-    first, then ``repeats`` timed steps (the recorded one warms them up). On CUDA, measure_step."""
-    args, kwargs = normalise_inputs(example_inputs)
-    tensors = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
-    if cuda_devices([*module.parameters(), *tensors]):  # first steps allocate cuBLAS workspaces, streams
-        return measure_step(module, example_inputs, loss_fn=loss_fn, repeats=max(repeats, 1))
-    loss_fn = loss_fn or default_loss
-
-    def step():  # as measure_step's: the output held through the backward, as a training loop holds it
-        for p in module.parameters():
-            p.grad = None
-        output = module(*args, **kwargs)
-        loss = loss_fn(output)
-        loss.backward()
-        del output, loss
-
-    with preserved_state(module):
-        for p in module.parameters():
-            p.grad = None
-        resident = resident_bytes(module, tensors)
-        step_peak, _ = allocated_while(step)
-        times = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            step()
-            times.append(time.perf_counter() - start)
-    seconds = statistics.median(times) if times else float("nan")
-    return StepMeasurement(resident + step_peak, resident, step_peak, seconds, repeats, "cpu")
 
 
 def choose_count(measure: _Measurer, budget: int, unplanned: StepMeasurement, order: list[BlockCost],

@@ -60,12 +60,15 @@ def _training_step(model, args, kwargs, loss_fn) -> Callable[[], None]:
 
 
 def measure_step(model: torch.nn.Module, example_inputs, loss_fn: Callable | None = None, repeats: int = 5,
-                 preserve_state: bool = True) -> StepMeasurement:
+                 preserve_state: bool = True, warm_up: bool = True) -> StepMeasurement:
     """Run training steps of ``model`` (forward, ``loss_fn``, backward; gradients set to ``None``
-    before each) and measure the peak memory of one and the median time of ``repeats``.
+    before each) and measure the peak memory of one and the median time of ``repeats`` (``repeats=0``:
+    the peak alone, ``seconds`` NaN).
 
     With ``preserve_state`` the RNG and the buffers are restored afterwards; the parameters'
-    ``.grad`` hold the last step's gradients.
+    ``.grad`` hold the last step's gradients. ``warm_up=False`` skips the warm-up step before the
+    measured one on CPU, for a model whose every op ran in this process already (a profile); on
+    CUDA the warm-up always runs (first steps allocate cuBLAS workspaces and streams).
     """
     args, kwargs = normalise_inputs(example_inputs)
     loss_fn = loss_fn or default_loss
@@ -76,7 +79,8 @@ def measure_step(model: torch.nn.Module, example_inputs, loss_fn: Callable | Non
     sync = torch.cuda.synchronize if devices else (lambda: None)
     guard = preserved_state(model, devices) if preserve_state else _nothing()
     with guard:
-        step()  # warm-up: lazy initialisation, allocator caches
+        if warm_up or devices:
+            step()  # warm-up: lazy initialisation, allocator caches
         for p in model.parameters():
             p.grad = None
         resident = resident_bytes(model, tensors)
@@ -88,7 +92,8 @@ def measure_step(model: torch.nn.Module, example_inputs, loss_fn: Callable | Non
             step()
             sync()
             times.append(time.perf_counter() - start)
-    return StepMeasurement(resident + step_peak, resident, step_peak, statistics.median(times), repeats, device)
+    seconds = statistics.median(times) if times else float("nan")
+    return StepMeasurement(resident + step_peak, resident, step_peak, seconds, repeats, device)
 
 
 class _nothing:
