@@ -77,17 +77,21 @@ class ChainView:
         return sum(self.graph.nodes[v]["mem"] for v in self.reserved)
 
     # -- lowering ------------------------------------------------------------------------
-    def computes(self, sequence: Iterable[Op]) -> list[Node]:
-        """The graph computations of a chain sequence, reserved nodes computed only once."""
+    def computes(self, sequence: Iterable[Op], before: Sequence[Sequence[Node]] | None = None) -> list[Node]:
+        """The graph computations of a chain sequence, reserved nodes computed only once;
+        ``before[i]``: nodes computed right before the ``i``-th op's (a backward's recomputation of
+        what its stage did not keep: solvers/hierarchical)."""
         done: set[Node] = set()
         order: list[Node] = []
-        for op in sequence:
+        for position, op in enumerate(sequence):
             if op.kind in ("CF", "Fn", "Fe"):
                 nodes = self.forward[op.stage]
             elif op.kind == "L":
                 nodes = self.forward[self.length] + self.backward[self.length]
             else:
                 nodes = self.backward[op.stage]
+            if before is not None:
+                nodes = [*before[position], *nodes]
             for node in nodes:
                 if node in self.reserved and node in done:
                     continue

@@ -204,6 +204,28 @@ def trap_graph() -> nx.DiGraph:
     return graph
 
 
+SMALL_KINDS = ("dag", "chain", "training", "skips")
+
+
+def small_graph(kind: str, size: int, seed: int, extras: bool) -> nx.DiGraph:
+    """A graph of the kinds the property tests draw (``SMALL_KINDS``): a random DAG of ``size``
+    nodes, a chain, or a training graph of ``size // 2`` layers with or without skips; ``extras``:
+    with workspace and a pinned node (:func:`with_extras`)."""
+    if kind == "dag":
+        graph = random_dag(size, edge_probability=0.3, seed=seed)
+    elif kind == "chain":
+        graph = chain(size, seed=seed)
+    else:
+        graph = training_graph(max(2, size // 2), seed=seed, skips=2 if kind == "skips" else 0)
+    return with_extras(graph, seed) if extras else graph
+
+
+def random_small_graph(rng: random.Random, max_nodes: int, largest_seed: int = 10_000) -> nx.DiGraph:
+    """:func:`small_graph` of a kind, size (3 to ``max_nodes``), seed and extras drawn from ``rng``."""
+    kind, size, seed = rng.choice(SMALL_KINDS), rng.randint(3, max_nodes), rng.randint(0, largest_seed)
+    return small_graph(kind, size, seed, rng.random() < 0.5)
+
+
 def store_all_peak(graph) -> int:
     return simulate(graph, store_all_schedule(graph)).peak_bytes
 

@@ -174,19 +174,11 @@ def property_cases(count: int, seed: int = 0):
     """(graph, budget) pairs of the property tests' kinds (random DAGs, chains, training graphs with
     and without skips, with and without workspace and a pinned node), 3-12 nodes, at budgets from
     below the least peak to above store-all's."""
-    from graphs import random_dag, with_extras
+    from graphs import random_small_graph
 
     rng = random.Random(seed)
     for _ in range(count):
-        kind, size, graph_seed = rng.choice(["dag", "chain", "training", "skips"]), rng.randint(3, 12), rng.randint(0, 9999)
-        if kind == "dag":
-            graph = random_dag(size, edge_probability=0.3, seed=graph_seed)
-        elif kind == "chain":
-            graph = chain_graph(size, seed=graph_seed)
-        else:
-            graph = training_graph(max(2, size // 2), seed=graph_seed, skips=2 if kind == "skips" else 0)
-        if rng.random() < 0.5:
-            graph = with_extras(graph, graph_seed)
+        graph = random_small_graph(rng, 12, largest_seed=9999)
         yield graph, int(rng.uniform(0.0, 1.2) * store_all_peak(graph))
 
 

@@ -10,12 +10,10 @@ import pytest
 from contract import check_contract
 from graphs import (
     CHECKMATE_LINEAR_OPTIMA,
-    chain,
-    random_dag,
+    random_small_graph,
     store_all_peak,
     training_graph,
     trap_graph,
-    with_extras,
 )
 
 from solvers import Infeasible, simulate, solve
@@ -40,15 +38,7 @@ def property_cases(count: int, max_nodes: int, seed: int = 0):
     the least any schedule meets to the store-all peak, and one budget below that least."""
     rng = random.Random(seed)
     for _ in range(count):
-        kind, size, graph_seed = rng.choice(["dag", "chain", "training", "training-skips"]), rng.randint(3, max_nodes), rng.randint(0, 10_000)
-        if kind == "dag":
-            graph = random_dag(size, edge_probability=0.3, seed=graph_seed)
-        elif kind == "chain":
-            graph = chain(size, seed=graph_seed)
-        else:
-            graph = training_graph(max(2, size // 2), seed=graph_seed, skips=2 if kind == "training-skips" else 0)
-        if rng.random() < 0.5:
-            graph = with_extras(graph, graph_seed)
+        graph = random_small_graph(rng, max_nodes)
         low, top = min_peak(graph), store_all_peak(graph)
         yield graph, low - 1
         yield graph, low + int(rng.random() * (top - low))

@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from contract import check_contract
-from graphs import chain, random_dag, store_all_peak, training_graph, trap_graph, with_extras
+from graphs import SMALL_KINDS, random_dag, small_graph, store_all_peak, training_graph, trap_graph
 from solvers import METHODS, Infeasible, simulate, solve
 from solvers.exhaustive import min_cost_schedule, min_peak
 
@@ -19,20 +19,8 @@ SEARCH_METHODS = ["ilp", "cpsat", "orderfree", "hierarchical"]
 
 
 def graphs(max_nodes: int):
-    kinds = st.sampled_from(["dag", "chain", "training", "training-skips"])
-    return st.builds(
-        _make, kinds, st.integers(3, max_nodes), st.integers(0, 10_000), st.booleans()
-    )
-
-
-def _make(kind: str, size: int, seed: int, extras: bool):
-    if kind == "dag":
-        graph = random_dag(size, edge_probability=0.3, seed=seed)
-    elif kind == "chain":
-        graph = chain(size, seed=seed)
-    else:
-        graph = training_graph(max(2, size // 2), seed=seed, skips=2 if kind == "training-skips" else 0)
-    return with_extras(graph, seed) if extras else graph
+    return st.builds(small_graph, st.sampled_from(SMALL_KINDS), st.integers(3, max_nodes), st.integers(0, 10_000),
+                     st.booleans())
 
 
 def test_every_method_is_covered():

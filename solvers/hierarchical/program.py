@@ -158,19 +158,5 @@ def solve_program(oc: OptionChain, top: int, levels: int = LEVELS, unit: int | N
 def lower(view: ChainView, oc: OptionChain, sequence: list[tuple[Op, int]]) -> list:
     """The graph computations of a sequence with options: a backward with option ``k`` first
     recomputes that option's nodes (the forward's other results are freed at their last use)."""
-    done: set = set()
-    order: list = []
-    length = view.length
-    for op, k in sequence:
-        if op.kind in ("CF", "Fn", "Fe"):
-            nodes = view.forward[op.stage]
-        elif op.kind == "L":
-            nodes = view.forward[length] + view.backward[length]
-        else:
-            nodes = oc.options[op.stage][k].recompute + view.backward[op.stage]
-        for node in nodes:
-            if node in view.reserved and node in done:
-                continue
-            done.add(node)
-            order.append(node)
-    return order
+    before = [[] if op.kind in ("CF", "Fn", "Fe", "L") else oc.options[op.stage][k].recompute for op, k in sequence]
+    return view.computes([op for op, _ in sequence], before)
