@@ -363,17 +363,34 @@ def solve_native(profile: profiler.Profile, model: torch.nn.Module, budget_bytes
     sequentials = sequential_containers(model)
     candidates = [c for c in candidate_regions(graph) if _called(model, c)]
     activation_budget = budget_bytes - fixed
+    def held_beside(regions) -> int:
+        return unwrapped + wrapper_bytes(model, distributed, regions) + _rng_bytes(regions, devices)
+
     for _ in range(3):  # the RNG states (and FSDP2's gathered units) depend on the regions: settle them
         if activation_budget < 0:
             raise Infeasible("the parameters, buffers and inputs alone exceed the budget", min_budget=None,
                              method=METHOD)
-        plan = plan_regions(graph, activation_budget, candidates, sequentials, time_limit=time_limit)
-        held = unwrapped + wrapper_bytes(model, distributed, plan.regions) + _rng_bytes(plan.regions, devices)
+        try:
+            plan = plan_regions(graph, activation_budget, candidates, sequentials, time_limit=time_limit)
+        except Infeasible as error:
+            raise _whole_step_least(error, graph, candidates, sequentials, time_limit, held_beside) from None
+        held = held_beside(plan.regions)
         if held + plan.outcome.peak_bytes <= budget_bytes:
             return plan, held
         activation_budget = budget_bytes - held
     raise Infeasible("no set of checkpointed modules fits with the generator states it saves", min_budget=None,
                      method=METHOD)
+
+
+def _whole_step_least(error: Infeasible, graph, candidates, sequentials, time_limit, held_beside) -> Infeasible:
+    """``error`` (the search's least activation peak) with ``min_budget`` in whole-step bytes: the
+    least plan's activations and what is held beside them (parameters, inputs, the generator state
+    each of its checkpoints saves, a wrapper's buffers), so that asking for exactly that budget plans."""
+    if error.min_budget is None:
+        return error
+    least = plan_regions(graph, error.min_budget, candidates, sequentials, time_limit=time_limit)
+    return Infeasible(str(error), min_budget=held_beside(least.regions) + least.outcome.peak_bytes,
+                      method=error.method or METHOD)
 
 
 def measure_native(model: torch.nn.Module, regions, example_inputs, loss_fn, repeats: int = 1,
@@ -444,7 +461,7 @@ def plan_native(model: torch.nn.Module, example_inputs, budget: Budget, loss_fn=
             solved, held = solve_native(profile, model, target, time_limit, distributed=distributed)
             solving += time.perf_counter() - search_started
         except Infeasible as error:
-            minimum = None if error.min_budget is None else error.min_budget + fixed
+            minimum = error.min_budget  # whole-step bytes (solve_native)
             least = _least_if_it_measures_within(profile, model, example_inputs, loss_fn, distributed, budget_bytes,
                                                  minimum, measure, time_limit, warm_up=not warm)
             if least is not None:

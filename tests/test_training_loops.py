@@ -294,6 +294,20 @@ def test_a_decoder_with_its_cache_on_is_refused_with_the_reason_and_the_remedy()
         planner.plan(model, gpt2_inputs(batch=2, tokens=16, vocab=64), budget="40%", loss_fn=hf_loss)
 
 
+def test_a_refusals_least_budget_plans():
+    """The least budget a refusal names counts the generator state each of the least plan's
+    checkpoints saves: asking for exactly that many bytes plans, within them when measured (it named
+    the activations' least plus the parameters and inputs only, and that budget was refused again)."""
+    model = mlp(width=64, depth=6, dropout=0.2)
+    with pytest.raises(planner.BudgetInfeasible) as refused:
+        planner.plan(model, _inputs(), budget="25%", loss_fn=_loss)
+    least = refused.value.min_budget
+    assert least is not None
+    plan = planner.plan(model, _inputs(), budget=int(least), loss_fn=_loss)
+    assert native_regions(planner.apply(mlp(width=64, depth=6, dropout=0.2), plan))
+    assert plan.predicted_peak_bytes <= least and plan.measured_peak_bytes <= least
+
+
 def test_a_plan_applied_to_another_model_is_refused(mlp_plan):
     with pytest.raises(PlanMismatch, match="different model"):
         planner.apply(mlp(width=32, depth=6), mlp_plan)
