@@ -3,17 +3,21 @@ step takes about a second on a 2-core CPU.
 
 Each entry builds (model, example inputs, loss_fn, baselines): the baselines it supports besides
 "no checkpointing" and torch.compile, as functions that return a checkpointed version of the model.
+"sac" is selective activation checkpointing with the policy of PyTorch's docs (save the outputs of
+the matmuls, attention and convolutions, recompute the rest) on every layer or block.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from collections.abc import Callable
 
 import torch
 from torch import nn
-from torch.utils.checkpoint import checkpoint_sequential
+from torch.utils.checkpoint import (CheckpointPolicy, checkpoint, checkpoint_sequential,
+                                    create_selective_checkpoint_contexts)
 
 from examples import gpt2 as example_gpt2
 
@@ -38,6 +42,70 @@ def _hf_per_layer(model: nn.Module) -> nn.Module:
     return model
 
 
+# -- selective activation checkpointing (SAC) with the usual policy ---------------------------------
+_aten = torch.ops.aten
+# The compute-intensive ops whose outputs PyTorch's SAC examples save; everything else is recomputed.
+SAC_SAVE = {
+    _aten.mm.default, _aten.addmm.default, _aten.bmm.default, _aten.baddbmm.default,
+    _aten.convolution.default,
+    _aten._scaled_dot_product_flash_attention.default, _aten._scaled_dot_product_efficient_attention.default,
+    _aten._scaled_dot_product_cudnn_attention.default, _aten._scaled_dot_product_flash_attention_for_cpu.default,
+}
+
+
+def _sac_policy(ctx, op, *args, **kwargs):
+    return CheckpointPolicy.MUST_SAVE if op in SAC_SAVE else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+sac_context = functools.partial(create_selective_checkpoint_contexts, _sac_policy)
+
+
+def _hf_sac(model: nn.Module) -> nn.Module:
+    """Hugging Face's per-layer checkpointing with the SAC policy (non-reentrant, context_fn)."""
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False,
+                                                                       "context_fn": sac_context})
+    return model
+
+
+class Checkpointed(nn.Module):
+    """One block run under torch.utils.checkpoint (non-reentrant), with ``context_fn`` if given."""
+
+    def __init__(self, inner: nn.Module, context_fn=None):
+        super().__init__()
+        self.inner = inner
+        self.kwargs = {"context_fn": context_fn} if context_fn is not None else {}
+
+    def forward(self, x):
+        return checkpoint(self.inner, x, use_reentrant=False, **self.kwargs)
+
+
+def _sac_sequential_blocks(model: nn.Sequential) -> nn.Module:
+    """SAC on each residual block of the residual MLP (the final norm and head stay as they are)."""
+    for i, block in enumerate(model):
+        if isinstance(block, ResidualBlock):
+            model[i] = Checkpointed(block, sac_context)
+    return model
+
+
+def _unet_blocks(model: nn.Module, context_fn=None) -> nn.Module:
+    """Each encoder block (model.down) and decoder block (model.merge, after its skip's concatenation)
+    checkpointed; the up-convolutions, pooling and head stay as they are."""
+    for blocks in (model.down, model.merge):
+        for i, block in enumerate(blocks):
+            blocks[i] = Checkpointed(block, context_fn)
+    return model
+
+
+def _unet_per_block(model: nn.Module) -> nn.Module:
+    """checkpoint_sequential's kind of checkpointing for the U-Net, which is not a sequence: every
+    encoder and decoder block in a region of its own (torch.utils.checkpoint, non-reentrant)."""
+    return _unet_blocks(model)
+
+
+def _unet_sac(model: nn.Module) -> nn.Module:
+    return _unet_blocks(model, sac_context)
+
+
 # -- GPT-2 -------------------------------------------------------------------------------------------
 def gpt2() -> nn.Module:
     """The bundled example's GPT-2 (examples/gpt2.py: 6 layers, width 256), over 256 tokens."""
@@ -56,6 +124,21 @@ def bert() -> nn.Module:
     config = BertConfig(num_hidden_layers=6, hidden_size=256, num_attention_heads=8, intermediate_size=1024,
                         vocab_size=8192, max_position_embeddings=256)
     return BertForMaskedLM(config)
+
+
+# -- Llama -------------------------------------------------------------------------------------------
+def llama() -> nn.Module:
+    """transformers' LlamaForCausalLM from a small config (6 layers, width 256, 8 heads, SwiGLU 688),
+    attention dropout on, over token_batch's 4 x 256 tokens."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(num_hidden_layers=6, hidden_size=256, num_attention_heads=8, num_key_value_heads=8,
+                         intermediate_size=688, vocab_size=8192, max_position_embeddings=256,
+                         attention_dropout=0.1, use_cache=False, bos_token_id=0, eos_token_id=0, pad_token_id=0)
+    model = LlamaForCausalLM(config)
+    model.loss_type = "ForCausalLM"  # as examples/gpt2.py: no notice on every call
+    return model
 
 
 # -- residual MLP chain ----------------------------------------------------------------------------
@@ -159,12 +242,16 @@ def _mean_square(output: torch.Tensor) -> torch.Tensor:
     return output.float().pow(2).mean()
 
 
+_HF_BASELINES = {"hf-per-layer": _hf_per_layer, "sac": _hf_sac}
+_UNET_BASELINES = {"per-block": _unet_per_block, "sac": _unet_sac}
+
 BENCHMARKS = {
-    "gpt2": Benchmark("gpt2", gpt2, token_batch, _hf_loss, {"hf-per-layer": _hf_per_layer}),
-    "bert": Benchmark("bert", bert, token_batch, _hf_loss, {"hf-per-layer": _hf_per_layer}),
+    "gpt2": Benchmark("gpt2", gpt2, token_batch, _hf_loss, dict(_HF_BASELINES)),
+    "bert": Benchmark("bert", bert, token_batch, _hf_loss, dict(_HF_BASELINES)),
+    "llama": Benchmark("llama", llama, token_batch, _hf_loss, dict(_HF_BASELINES)),
     "residual-mlp": Benchmark("residual-mlp", residual_mlp, mlp_batch, _mean_square,
-                              {"checkpoint-sequential": _checkpoint_sequential}),
-    "unet": Benchmark("unet", unet, image_batch, _segmentation_loss, {}),
+                              {"checkpoint-sequential": _checkpoint_sequential, "sac": _sac_sequential_blocks}),
+    "unet": Benchmark("unet", unet, image_batch, _segmentation_loss, dict(_UNET_BASELINES)),
     "unet-channels-last": Benchmark("unet-channels-last", unet_channels_last, image_batch_channels_last,
-                                    _segmentation_loss, {}),
+                                    _segmentation_loss, dict(_UNET_BASELINES)),
 }
