@@ -359,6 +359,80 @@ def markdown(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _paired(a: dict, b: dict) -> float | None:
+    """The median over rounds of a's step time over b's in the same round."""
+    if not a.get("times") or len(a["times"]) != len(b.get("times") or []):
+        return None
+    return statistics.median(x / y for x, y in zip(a["times"], b["times"]))
+
+
+def _ours_at(rows: list[dict], prefix: str, baseline: str) -> dict | None:
+    """Our row of kind ``prefix`` (native, native-compiled, compiled-native) planned at ``baseline``'s
+    peak: its label lists every baseline that measured that peak."""
+    return next((r for r in rows if r["method"].startswith(prefix + "@")
+                 and baseline in r["method"].split("@", 1)[1].split("/")), None)
+
+
+def summary(result: dict) -> str:
+    """Per baseline of one model: its peak and overhead (step / no checkpointing - 1, paired), ours at
+    its peak, and the targets: at an eager baseline's peak, ours within it with at most half its
+    overhead; at torch.compile's, ours compiled at least as fast (paired against it); with nothing
+    to recompute (native@100%; a compile-priced plan of no region), within 2% of eager or torch.compile."""
+    rows = result["rows"]
+    none = next(r for r in rows if r["kind"] == "none")
+
+    def overhead(r):
+        ratio = _paired(r, none)
+        return None if ratio is None else ratio - 1
+
+    def cell(r, against=None):
+        if r is None:
+            return "not run"
+        if r["status"] in ("infeasible", "failed"):
+            return f"{r['status']} ({r['note']})"
+        text = f"{_fmt(r['measured_peak'], MiB)} MiB, {_fmt(overhead(r), 0.01, 1, '%')}"
+        if against is not None:
+            text += f", {_fmt(_paired(r, against), 1, 3, 'x')} its step"
+        return text
+
+    lines = [f"#### {result['model']}", "",
+             "| baseline | its peak, overhead | native (eager) | native, compiled | compiled-native | targets |",
+             "|---|---|---|---|---|---|"]
+    for b in (r for r in rows if r["kind"] in ("baseline", "compile")):
+        ours = {k: _ours_at(rows, k, b["method"]) for k in ("native", "native-compiled", "compiled-native")}
+        verdicts = []
+        for kind, r in ours.items():
+            if r is None:
+                continue
+            if not r["measured_peak"]:
+                verdicts.append(f"{kind}: refused")
+                continue
+            within = r["measured_peak"] <= b["measured_peak"]
+            if b["kind"] == "baseline":
+                ok = within and overhead(r) is not None and overhead(r) <= overhead(b) / 2
+                verdicts.append(f"{kind}: {'met' if ok else 'missed'}")
+            elif kind != "native":
+                ratio = _paired(r, b)
+                ok = within and ratio is not None and ratio <= 1.0
+                verdicts.append(f"{kind}: {'met' if ok else 'missed'}")
+        against = b if b["kind"] == "compile" else None
+        lines.append(f"| {b['method']} | {cell(b)} | {cell(ours['native'], against)} "
+                     f"| {cell(ours['native-compiled'], against)} | {cell(ours['compiled-native'], against)} "
+                     f"| {'; '.join(verdicts)} |")
+    full = next((r for r in rows if r["method"] == "native@100%"), None)
+    if full is not None and full["times"]:
+        ratio = _paired(full, none)
+        lines += ["", f"Nothing to recompute, eager: native@100% ({full['note']}) {_fmt(ratio, 1, 3, 'x')} "
+                  f"no checkpointing's step, paired: {'met' if ratio <= 1.02 else 'missed'} (within 2%)."]
+    compile_1 = next((r for r in rows if r["method"] == "compile-1"), None)
+    for r in rows:
+        if r["kind"] == "compiled-native" and r["note"].startswith("0 region") and compile_1 and r["times"]:
+            ratio = _paired(r, compile_1)
+            lines += ["", f"Nothing to recompute, compiled: {r['method']} (0 regions) {_fmt(ratio, 1, 3, 'x')} "
+                      f"compile-1's step, paired: {'met' if ratio <= 1.02 else 'missed'} (within 2%)."]
+    return "\n".join(lines) + "\n"
+
+
 def plot(result: dict, path: str) -> None:
     import matplotlib
 
@@ -407,12 +481,19 @@ def main(argv=None) -> int:
     parser.add_argument("--no-compiled-native", action="store_true",
                         help="skip the native plans priced on the compiled step (compiled-native@...)")
     parser.add_argument("--out", default=os.path.join(os.path.dirname(HERE), "docs", "benchmarks"))
+    parser.add_argument("--summary", action="store_true",
+                        help="measure nothing: print each model's baselines against our plans at their peaks, "
+                             "and the targets, from its JSON in --out")
     parser.add_argument("--redraw", action="store_true",
                         help="measure nothing: rewrite each model's table and plot from its JSON in --out")
     args = parser.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     fractions = [float(f) for f in args.budgets.split(",")]
     for name in args.models.split(","):
+        if args.summary:
+            with open(os.path.join(args.out, f"{name}.json")) as file:
+                print(summary(json.load(file)), flush=True)
+            continue
         if args.redraw:
             with open(os.path.join(args.out, f"{name}.json")) as file:
                 result = json.load(file)
