@@ -377,7 +377,18 @@ def checkpoint(model: torch.nn.Module, example_inputs, budget="100%", compile: b
     With the default native executor this is the one-call counterpart of Hugging Face's
     ``model.gradient_checkpointing_enable()``: the same model object comes back, its chosen modules
     checkpointed in place, sized to ``budget`` instead of every layer. A traced plan's module
-    carries its plan as ``.plan``."""
+    carries its plan as ``.plan``.
+
+    ``compile=True`` with the native executor: the plan is priced on the compiled step
+    (``plan(..., compile=True)``: ``budget`` is of the compiled step, ``"N%"`` of its measured peak)
+    and the model is compiled in place (``torch.nn.Module.compile``): the same object, its
+    ``state_dict`` keys unchanged. With a traced plan the schedule runs as two inductor-compiled
+    graphs (``apply(..., compile=True)``)."""
+    if compile and _executor(options.get("executor"), options.get("solver", "auto")) == "native":
+        made = plan(model, example_inputs, budget, compile=True, **options)
+        apply(model, made)
+        model.compile()
+        return model
     return apply(model, plan(model, example_inputs, budget, **options), compile=compile)
 
 

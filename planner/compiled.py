@@ -43,6 +43,7 @@ from solvers import Infeasible
 from .budget import Budget, format_bytes
 from .fallback import measure_planned_step
 from .native import NativePlan, plan_native, refuse_wrapped
+from .planfile import PlanFileError, _list, _mapping, _seconds, _text, _whole
 
 MAX_COMPILES = 5  # per plan, the un-checkpointed step's compile included (10-70 s each on GPT-2 on 2 CPU cores)
 # Timed steps per candidate (median), after the compiling warm-up and the measured step: the first
@@ -74,6 +75,18 @@ class CompiledCandidate:
                 "eager_predicted_seconds": self.eager_predicted_seconds, "peak_bytes": self.peak_bytes,
                 "seconds": self.seconds, "compile_seconds": self.compile_seconds}
 
+    @classmethod
+    def from_dict(cls, data: dict) -> CompiledCandidate:
+        """Read back what :meth:`to_dict` wrote; TypeError/ValueError/KeyError name what is wrong."""
+        target = data["eager_target_bytes"]
+        return cls(regions=tuple(_text(r) for r in _list(data["regions"])),
+                   eager_target_bytes=None if target is None else _whole(target, "eager_target_bytes"),
+                   eager_predicted_peak_bytes=_whole(data["eager_predicted_peak_bytes"], "eager_predicted_peak_bytes"),
+                   eager_predicted_seconds=_seconds(data["eager_predicted_seconds"], "eager_predicted_seconds"),
+                   peak_bytes=_whole(data["peak_bytes"], "peak_bytes"),
+                   seconds=_seconds(data["seconds"], "seconds"),
+                   compile_seconds=_seconds(data["compile_seconds"], "compile_seconds"))
+
 
 @dataclass
 class CompiledNativePlan(NativePlan):
@@ -89,7 +102,8 @@ class CompiledNativePlan(NativePlan):
     ``eager_predicted_peak_bytes`` / ``eager_predicted_seconds`` its prediction of the eager step.
 
     Saved, it keeps the native format with a ``"compiled"`` section; ``planner.load`` reads it back
-    as a :class:`NativePlan` with the same regions (the compiled figures stay in the file)."""
+    as a :class:`CompiledNativePlan`, its compiled figures and candidates included (a reader that
+    knows only the native format gets a :class:`NativePlan` with the same regions)."""
 
     compiles: int = 0
     planning_seconds: float = 0.0
@@ -131,6 +145,26 @@ class CompiledNativePlan(NativePlan):
             "candidates": [c.to_dict() for c in self.candidates],
         }
         return data
+
+    @classmethod
+    def from_dict(cls, data: dict, source: str = "plan") -> CompiledNativePlan:
+        native = NativePlan.from_dict(data, source)
+        try:
+            compiled = _mapping(data["compiled"], "compiled")
+            figures = {
+                "compiles": _whole(compiled["compiles"], "compiled.compiles"),
+                "planning_seconds": _seconds(compiled["planning_seconds"], "compiled.planning_seconds"),
+                "eager_predicted_peak_bytes": _whole(compiled["eager_predicted_peak_bytes"],
+                                                     "compiled.eager_predicted_peak_bytes"),
+                "eager_predicted_seconds": _seconds(compiled["eager_predicted_seconds"],
+                                                    "compiled.eager_predicted_seconds"),
+                "candidates": tuple(CompiledCandidate.from_dict(_mapping(c, "compiled.candidates[]"))
+                                    for c in _list(compiled["candidates"])),
+            }
+        except (KeyError, TypeError, ValueError) as error:
+            raise PlanFileError(f"{source} is not a valid plan: {type(error).__name__}: {error}") from None
+        fields_ = {name: getattr(native, name) for name in NativePlan.__dataclass_fields__}
+        return cls(**fields_, **figures)
 
 
 class _Search:

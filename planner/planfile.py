@@ -387,6 +387,10 @@ def load(path: str | os.PathLike) -> Plan:
     if isinstance(data, dict) and data.get("format") == CHAIN_FORMAT:
         return ModuleChainPlan.from_dict(data, source=path)
     if isinstance(data, dict) and data.get("format") == NATIVE_FORMAT:
+        if "compiled" in data:  # priced on the compiled step (planner/compiled.py)
+            from .compiled import CompiledNativePlan
+
+            return CompiledNativePlan.from_dict(data, source=path)
         return NativePlan.from_dict(data, source=path)
     return Plan.from_dict(data, source=path)
 

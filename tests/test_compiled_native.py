@@ -7,6 +7,7 @@ unplanned compiled model's.
 """
 
 import copy
+import json
 
 import pytest
 import torch
@@ -16,6 +17,8 @@ import planner.compiled as compiled
 from models import max_relative_error, mlp, residual_mlp, training_step
 from planner.compiled import CompiledCandidate, CompiledNativePlan, choose
 from planner.native import measure_native
+from runtime.native import native_regions, remove_native
+from planner.planfile import PlanFileError
 from profiler.memory import StepMeasurement
 
 SHRINK = 0.7  # the stand-in compiled step holds this share of the eager step's activations
@@ -76,7 +79,15 @@ def test_percent_of_the_compiled_step_and_regions_that_fit_it(stand_in, small, t
     assert plan.to_dict()["compiled"]["compiles"] == plan.compiles
     plan.save(tmp_path / "plan.json")  # the native format, its compiled figures in a section of their own
     loaded = planner.load(tmp_path / "plan.json")
-    assert isinstance(loaded, planner.NativePlan) and loaded.regions == plan.regions
+    assert isinstance(loaded, CompiledNativePlan) and loaded.regions == plan.regions
+    assert (loaded.candidates, loaded.compiles, loaded.measured_peak_bytes) == (
+        plan.candidates, plan.compiles, plan.measured_peak_bytes)
+    assert loaded.summary() == plan.summary()
+    data = plan.to_dict()
+    data["compiled"]["candidates"][0]["peak_bytes"] = "many"
+    (tmp_path / "edited.json").write_text(json.dumps(data))
+    with pytest.raises(PlanFileError, match="peak_bytes"):
+        planner.load(tmp_path / "edited.json")
     assert not hasattr(model.get_submodule("0"), "_native_region")  # the search leaves the model as it was
     assert all("forward" not in m.__dict__ for m in model.modules())
 
@@ -98,6 +109,21 @@ def test_refused_with_the_least_compiled_peak_measured(stand_in, small):
     assert "below every compiled step measured" in str(error.value)
     measured = compiled.measure_compiled(model, stand_in[-1], inputs, None)
     assert minimum == measured.peak_bytes
+
+
+def test_checkpoint_with_compile_plans_priced_compiled_and_compiles_in_place(stand_in, small):
+    """planner.checkpoint(..., compile=True) on the native executor: the compile-priced plan's
+    regions, and the same model object compiled in place (its state_dict keys unchanged)."""
+    model, inputs, profile = small
+    model = copy.deepcopy(model)
+    keys = list(model.state_dict())
+    returned = planner.checkpoint(model, inputs, "60%", compile=True, profile=profile)
+    try:
+        assert returned is model and list(model.state_dict()) == keys
+        assert model._compiled_call_impl is not None  # nn.Module.compile's in-place compiled call
+        assert native_regions(model) and any(set(c) == set(native_regions(model)) for c in stand_in)  # compiled, measured
+    finally:
+        remove_native(model)
 
 
 def test_ties_go_to_the_least_recomputation():
