@@ -4,7 +4,8 @@ A native plan names *regions* of the model (solvers/regions.py): submodules (``"
 and runs of an ``nn.Sequential``'s children (``"layers[2:5]"``, as ``checkpoint_sequential`` cuts
 them), optionally with a save policy (``"transformer.h.3@matmuls"``: a selective checkpoint,
 ``torch.utils.checkpoint.create_selective_checkpoint_contexts``, that saves the matmuls' and
-convolutions' outputs and recomputes the rest). :func:`apply_native` makes each region's call run under non-reentrant
+convolutions' outputs and recomputes the rest; ``@projections`` recomputes the attention's bmm
+products too: solvers/regions.py SAVE_POLICIES). :func:`apply_native` makes each region's call run under non-reentrant
 ``torch.utils.checkpoint.checkpoint(use_reentrant=False, preserve_rng_state=True)``, and changes
 nothing else: the model is the same object, with the same class, parameters, buffers, hooks,
 ``state_dict`` keys and ``config``. Its Python forward runs at every call, so hooks added later, flags
@@ -40,6 +41,7 @@ import torch.utils.checkpoint as torch_checkpoint
 from .module import PlanMismatch
 from .guards import fsdp2_sharded
 from .rnn import install_for_regions, remove_rnn_stages
+from solvers.regions import SAVE_POLICIES
 
 _SEGMENT = re.compile(r"^(?P<path>.*)\[(?P<start>\d+):(?P<stop>\d+)\]$")
 _GUARD = "_native_shape_guard"
@@ -49,15 +51,16 @@ class ShapeTooLarge(PlanMismatch):
     """A call's inputs are larger than those the native plan was made for."""
 
 
-# solvers/regions.py's SAVE_POLICIES, by the same names: the aten ops whose outputs a selective
-# checkpoint saves instead of recomputing.
 def _policy_ops(name: str) -> frozenset:
+    """The aten overload packets whose outputs solvers/regions.py's policy ``name`` saves: those
+    whose name matches one of its op-name prefixes (``"aten.mm."`` is ``aten.mm``), one table for the
+    prediction and the run."""
+    policy = SAVE_POLICIES.get(name)
+    if policy is None:
+        raise PlanMismatch(f"unknown save policy {name!r} in the plan (known: {', '.join(SAVE_POLICIES)}): made by a "
+                           "newer plan-checkpoints?")
     aten = torch.ops.aten
-    if name == "matmuls":
-        ops = [aten.mm, aten.addmm, aten.bmm, aten.baddbmm, aten.convolution]
-        ops += [getattr(aten, n) for n in dir(aten) if n.startswith("_scaled_dot_product_")]
-        return frozenset(ops)
-    raise PlanMismatch(f"unknown save policy {name!r} in the plan (known: matmuls): made by a newer plan-checkpoints?")
+    return frozenset(getattr(aten, n) for n in dir(aten) if policy.saves(f"aten.{n}."))
 
 
 class SavePolicy:

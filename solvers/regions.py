@@ -60,13 +60,37 @@ def twin(node: Hashable) -> str:
 _SEGMENT = re.compile(r"^(?P<path>.*)\[(?P<start>\d+):(?P<stop>\d+)\]$")
 
 
-# Selective-checkpoint policies: within a region, the outputs of these ops are saved in the forward
-# and not recomputed (torch.utils.checkpoint.create_selective_checkpoint_contexts, MUST_SAVE); every
-# other op is recomputed. Named by aten op-name prefixes, so that this module needs no torch.
-SAVE_POLICIES: dict[str, tuple[str, ...]] = {
+@dataclass(frozen=True)
+class SavePolicy:
+    """A selective-checkpoint policy (``torch.utils.checkpoint.create_selective_checkpoint_contexts``):
+    inside a region, the outputs of the aten ops named by ``ops`` (op-name prefixes, ``"aten.mm."``,
+    so that this module needs no torch) are saved in the forward (MUST_SAVE); every other op of the
+    region is recomputed. runtime/native.py saves the same ops, matched by the same prefixes."""
+
+    ops: tuple[str, ...]
+
+    def saves(self, op: str) -> bool:
+        """Whether the output of aten op ``op`` (``"aten.mm.default"``) is saved; a node of several
+        ops (``op == ""``) is recomputed."""
+        return bool(op) and op.startswith(self.ops)
+
+
+_PROJECTIONS = ("aten.mm.", "aten.addmm.", "aten.convolution.", "aten._scaled_dot_product_")
+
+# The policies a region may take, by the names plan files keep (``"transformer.h.3@matmuls"``); the
+# search takes the one with the cheapest predicted step that fits (the first listed on a tie). Which
+# ones, and why not others, measured on GPT-2, BERT and Llama: docs/native.md, "Save policies".
+SAVE_POLICIES: dict[str, SavePolicy] = {
     # The costly ops, whose outputs are cheap to hold next to the pointwise ops around them.
-    "matmuls": ("aten.mm.", "aten.addmm.", "aten.bmm.", "aten.baddbmm.", "aten.convolution.",
-                "aten._scaled_dot_product_"),
+    "matmuls": SavePolicy(_PROJECTIONS + ("aten.bmm.", "aten.baddbmm.")),
+    # The same less bmm/baddbmm: in attention without a fused kernel (eager, or SDPA's math path
+    # when attention dropout is on, on CPU) these are the score and context products, whose score
+    # matrix is s^2 per head; recomputing them with the softmax and dropout around them holds no s^2
+    # tensor, as Megatron's selective recompute of the attention core (Korthikanti et al. 2022,
+    # "Reducing Activation Recomputation in Large Transformer Models"), and recomputes the pointwise
+    # ops besides. The projections are mm/addmm in Hugging Face models (GPT-2's Conv1D, BERT's and
+    # Llama's Linear), never bmm. With a fused attention kernel this saves what "matmuls" saves.
+    "projections": SavePolicy(_PROJECTIONS),
 }
 
 
@@ -80,7 +104,7 @@ def split_policy(region: str) -> tuple[str, str | None]:
 
 def saved_by_policy(op: str, policy: str | None) -> bool:
     """Whether ``policy`` saves the output of aten op ``op`` (its name, e.g. ``"aten.mm.default"``)."""
-    return policy is not None and bool(op) and op.startswith(SAVE_POLICIES[policy])
+    return policy is not None and SAVE_POLICIES[policy].saves(op)
 
 
 def segment(path: str, start: int, stop: int) -> str:
@@ -444,10 +468,10 @@ def plan_regions(graph: nx.DiGraph, budget_bytes: int, candidates: Sequence[str]
     first (the backward reaches it first, when least is held behind it), drop a region when the rest
     still fits, or else replace it by the modules directly inside it and drop as many of those as
     fit. Latest first because a region kept whole holds its activations through the recomputation
-    of every earlier region. Last, latest first again, each region takes a save policy of
-    ``policies`` (:data:`SAVE_POLICIES`) where the peak still fits: fewer ops recomputed. The
-    cheapest plan over all starts wins. Raises :class:`Infeasible` with
-    the least peak seen when nothing fits.
+    of every earlier region. Last, latest first again, each region takes the save policy of
+    ``policies`` (:data:`SAVE_POLICIES`, by name) that makes the predicted step cheapest where the
+    peak still fits, and none when none makes it strictly cheaper. The cheapest plan over all starts
+    wins. Raises :class:`Infeasible` with the least peak seen when nothing fits.
     """
     started = time.perf_counter()
     if candidates is None:
@@ -480,7 +504,7 @@ def plan_regions(graph: nx.DiGraph, budget_bytes: int, candidates: Sequence[str]
         if not fits(chosen):
             continue
         relaxed = _relax(chosen, candidates, fits, out_of_time)
-        relaxed = _with_policies(relaxed, policies or (), fits)
+        relaxed = _with_policies(relaxed, policies or (), run, budget_bytes)
         if best is None or _better(run(relaxed)[1], relaxed, run(best)[1], best, base_cost * TIE):
             best = relaxed
         if out_of_time():
@@ -512,15 +536,22 @@ def _better(cost: float, regions: Sequence[str], incumbent_cost: float, incumben
     return (len(regions), sorted(regions)) < (len(incumbent), sorted(incumbent))
 
 
-def _with_policies(chosen: list[str], policies: Sequence[str], fits) -> list[str]:
-    """Latest region first: save what a policy saves inside it (recomputing less) where that fits."""
+def _with_policies(chosen: list[str], policies: Sequence[str], run, budget_bytes: int) -> list[str]:
+    """Latest region first: the policy that makes the plan cheapest within ``budget_bytes`` (``run``
+    gives a region set's predicted peak and seconds), if any makes it strictly cheaper. Strictly: a
+    policy that saves nothing in a region (an LSTM stage, one oneDNN op) predicts the same step as
+    the plain checkpoint, yet its selective-checkpoint mode costs time at run time (the LSTM model's
+    step, measured 2.09x eager with ``@matmuls`` stages, 1.66x plain by hand: docs/native.md)."""
     current = list(chosen)
     for region in reversed(list(chosen)):
+        best_cost = run(current)[1]
+        best = current
         for policy in policies:
             replaced = [f"{r}@{policy}" if r == region else r for r in current]
-            if fits(replaced):
-                current = replaced
-                break
+            peak, cost = run(replaced)
+            if peak <= budget_bytes and cost < best_cost:
+                best, best_cost = replaced, cost
+        current = best
     return current
 
 
