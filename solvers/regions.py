@@ -349,9 +349,15 @@ def segmentations(graph: nx.DiGraph, sequentials: dict[str, int]) -> list[list[s
 
 
 def _children(region: str, candidates: Sequence[str]) -> list[str]:
-    """The module candidates directly below ``region`` (the shallowest module candidates inside it)."""
-    inside = [c for c in candidates if c != region and parse_segment(c) is None and within(c, region)]
-    return [c for c in inside if not any(o != c and within(c, o) for o in inside)]
+    """The module candidates directly below ``region`` (the shallowest module candidates inside it),
+    under ``region``'s policy. Plain candidates only are looked at: a module is inside its own policy
+    variants (``within("h.5.attn", "h.5.attn@matmuls")``), so that with the variants among the
+    candidates the children of ``"h.5"`` were ``"h.5.attn@matmuls"`` and those of
+    ``"h.5@projections"`` ``"h.5"`` itself."""
+    base, policy = split_policy(region)
+    inside = [c for c in candidates if "@" not in c and c != base and parse_segment(c) is None and within(c, base)]
+    children = [c for c in inside if not any(o != c and within(c, o) for o in inside)]
+    return [c if policy is None else f"{c}@{policy}" for c in children]
 
 
 def _by_depth(modules: Sequence[str]) -> list[list[str]]:

@@ -245,3 +245,17 @@ def test_the_search_starts_from_every_block_under_a_policy(seed):
     assert plan.outcome.peak_bytes <= budget
     assert plan.outcome.compute_cost == pytest.approx(best[0]), (plan.regions, best[1])
     assert plan.regions == ("layers.0@projections", "layers.1@projections", "layers.2@projections")
+
+
+def test_the_children_of_a_region_are_plain_or_under_its_policy():
+    """A module is inside its own policy variants: with the variants among the candidates, the
+    children of ``layers.0`` were ``layers.0.op0@matmuls``... and those of ``layers.0@matmuls``
+    ``layers.0`` itself."""
+    from solvers.regions import _children
+
+    graph = block_chain(blocks=2)
+    candidates = candidate_regions(graph)
+    candidates += [f"{c}@{policy}" for policy in SAVE_POLICIES for c in candidates]
+    plain = ["layers.0.op0", "layers.0.op1", "layers.0.op2"]
+    assert _children("layers.0", candidates) == plain
+    assert _children("layers.0@projections", candidates) == [f"{c}@projections" for c in plain]
