@@ -430,6 +430,11 @@ def summary(result: dict) -> str:
             ratio = _paired(r, compile_1)
             lines += ["", f"Nothing to recompute, compiled: {r['method']} (0 regions) {_fmt(ratio, 1, 3, 'x')} "
                       f"compile-1's step, paired: {'met' if ratio <= 1.02 else 'missed'} (within 2%)."]
+    spread = [(r["method"], _paired(r, compile_1)) for r in rows
+              if compile_1 and r["kind"] == "compile" and r is not compile_1 and r["measured_peak"] == compile_1["measured_peak"]]
+    if spread and all(ratio is not None for _, ratio in spread):
+        lines += ["", "Noise floor: " + ", ".join(f"{m} {ratio:.3f}x" for m, ratio in spread)
+                  + " compile-1's step, paired (the same measured peak)."]
     return "\n".join(lines) + "\n"
 
 
