@@ -508,8 +508,8 @@ def plan_regions(graph: nx.DiGraph, budget_bytes: int, candidates: Sequence[str]
     # Each start also with every region under each policy: at a tight budget every block under a
     # policy that recomputes the attention's products can hold less, and cost less, than some blocks
     # checkpointed whole and the others not at all (the benchmark GPT-2 with eager attention: all six
-    # blocks "@projections" at 42% of the un-checkpointed peak for +22% of its step, against +26% at
-    # 50% from the plain starts), a plan that dropping plain regions, then adding policies, misses.
+    # blocks "@projections" at 42.2% of the un-checkpointed activations for +21.8% of its step; the
+    # plain starts gave +25.0% at 50%), a plan that dropping plain regions, then adding policies, misses.
     starts += [[f"{r}@{policy}" for r in start] for policy in (policies or ()) for start in starts]
     for chosen in starts:
         least = min(least, run(chosen)[0])
@@ -553,8 +553,8 @@ def _with_policies(chosen: list[str], policies: Sequence[str], run, budget_bytes
     cheapest within ``budget_bytes`` (``run`` gives a region set's predicted peak and seconds); the
     region as it is unless another is strictly cheaper. Strictly: a policy that saves nothing in a
     region (an LSTM stage, one oneDNN op) predicts the same step as the plain checkpoint, yet its
-    selective-checkpoint mode costs time at run time (the LSTM model's step, measured 2.09x eager's
-    with ``@matmuls`` stages, 1.66x with plain ones by hand: docs/native.md)."""
+    selective-checkpoint mode costs time at run time (the LSTM model's three stages at 50%: the same
+    peak, and 2.12x eager's step with ``@matmuls``, 1.55x plain: docs/native.md)."""
     current = list(chosen)
     for region in reversed(list(chosen)):
         base, _ = split_policy(region)
