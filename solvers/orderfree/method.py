@@ -30,6 +30,12 @@ HEURISTIC_SHARE = 0.15
 # call (34 s for the MILP under load) and the call ended at 43 s with the rest unused.
 LP_SHARE = 0.5
 FIRST_SOLVE_SHARE = 0.85
+# On models of at most SMALL_MODEL_COLUMNS columns the first solve gets FIRST_SOLVE_SHARE_SMALL:
+# there the MILP is what closes the gap. On the 68-node VGG19 graph at 82% of its peak (4,475
+# columns, docs/solvers-benchmark.md) it proved +24.9% optimal 56.5 s into a 120 s call, and
+# stopped at ~51 s within 4.9% in a 60 s call at 0.85; at 0.97, optimal in 54.2 s of 60 (load 4.5).
+SMALL_MODEL_COLUMNS = 10_000
+FIRST_SOLVE_SHARE_SMALL = 0.95
 # The MIP start and the repairs' re-solves only for models this small. Measured on the 1001-node
 # skip graph (168k columns): with a start its MILP spent 72 s in its root LP, past a 5 s limit and
 # deaf to cancelling (without, 2.5 s); a re-solve after a no-good cut, 70 s. On the 163-node GPT-2
@@ -177,7 +183,8 @@ def _solve_relaxation(search: _Search) -> None:
         if found and len(model.integrality) <= START_MAX_COLUMNS:
             start = min(found, key=lambda item: item[0])[2]
             start_from(model, [(kind, costs.index[v]) for kind, v in start])
-        first = lp if lp.infeasible else model.solve(clock.share(FIRST_SOLVE_SHARE))
+        share = FIRST_SOLVE_SHARE_SMALL if len(model.integrality) <= SMALL_MODEL_COLUMNS else FIRST_SOLVE_SHARE
+        first = lp if lp.infeasible else model.solve(clock.share(share))
     except SolverTimeout as error:
         if not found:
             raise
