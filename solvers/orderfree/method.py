@@ -33,7 +33,8 @@ FIRST_SOLVE_SHARE = 0.85
 # On models of at most SMALL_MODEL_COLUMNS columns the first solve gets FIRST_SOLVE_SHARE_SMALL:
 # there the MILP is what closes the gap. On the 68-node VGG19 graph at 82% of its peak (4,475
 # columns, docs/solvers-benchmark.md) it proved +24.9% optimal 56.5 s into a 120 s call, and
-# stopped at ~51 s within 4.9% in a 60 s call at 0.85; at 0.97, optimal in 54.2 s of 60 (load 4.5).
+# stopped at ~51 s within 4.9% in a 60 s call at 0.85; at 0.97, optimal in 54.2 s of 60 (load 4.5);
+# at 0.95 in the benchmark (load 5), within 2.9% in 57.1 s. Still short of a proof there under load.
 SMALL_MODEL_COLUMNS = 10_000
 FIRST_SOLVE_SHARE_SMALL = 0.95
 # The MIP start and the repairs' re-solves only for models this small. Measured on the 1001-node
