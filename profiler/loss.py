@@ -26,7 +26,7 @@ from .state import cuda_devices
 class LossInfo:
     """The planning loss, run eagerly: its cost and which model outputs it differentiates.
 
-    ``seconds``: median time of the loss and its gradient wrt the outputs. ``workspace_bytes``: the
+    ``seconds``: the least time of the loss and its gradient wrt the outputs over the timed runs. ``workspace_bytes``: the
     most the loss and its gradient allocate at once beyond the gradients they hand back (a
     cross-entropy's log-softmax, say), measured; ``value_bytes``: what the caller holds from the
     loss on beyond those gradients (the loss value, and the gradient autograd seeds its backward
@@ -56,7 +56,7 @@ def run_planning_loss(model: torch.nn.Module, args, kwargs, loss_fn: Callable, r
     outputs = _eager_outputs(model, args, kwargs)
     on_cuda = cuda_devices(outputs.tensors)
     run = _LossRun(outputs, loss_fn)
-    seconds = _median_seconds(run, repeats, torch.cuda.synchronize if on_cuda else (lambda: None))
+    seconds = _least_seconds(run, repeats, torch.cuda.synchronize if on_cuda else (lambda: None))
     # Outside the traced graph the loss's intermediates would go uncounted: with a cross-entropy on
     # a language model's logits, a log-softmax as large as the logits. (Quiet: torch warns on stderr
     # when a block allocated before the recording is released in it; the loss ran visibly above.)
@@ -131,8 +131,11 @@ class _LossRun:
         return torch.autograd.grad(loss, [outputs.tensors[i] for i in outputs.differentiable], allow_unused=True)
 
 
-def _median_seconds(run: Callable, repeats: int, sync: Callable) -> float:
-    """Median wall time of ``repeats`` calls of ``run`` (seconds; ``sync`` waits for the device).
+def _least_seconds(run: Callable, repeats: int, sync: Callable) -> float:
+    """The least wall time of ``repeats`` calls of ``run`` (seconds; ``sync`` waits for the device),
+    as the op times are taken (profiler/measure.py): another process's load only adds to a call's
+    time. (It does not undo contention that lasts: on 2 threads of a 2-core machine at load ~4, a
+    CNN's cross-entropy and its gradient took 37-74 ms in every call, 0.7-1.7 ms on one thread.)
     Each call's result is held until the next returns, as a training loop holds its gradients."""
     times, result = [], None
     for _ in range(repeats):
@@ -142,7 +145,7 @@ def _median_seconds(run: Callable, repeats: int, sync: Callable) -> float:
         sync()
         times.append(time.perf_counter() - start)
     del result
-    return sorted(times)[len(times) // 2]
+    return min(times)
 
 
 def _loss_value_bytes(loss: torch.Tensor, outputs: list[torch.Tensor]) -> int:
