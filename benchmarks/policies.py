@@ -4,9 +4,9 @@ For the benchmark GPT-2 (benchmarks/models.py ``gpt2``), BERT (``bert``) and a s
 (``LlamaForCausalLM``: 4 layers, hidden 256, 8 heads, intermediate 688, vocab 8192, its default
 ``attention_dropout=0.0``), each with the attention implementation it gets by default on CPU
 (``sdpa``) and with ``attn_implementation="eager"``, on ``token_batch()`` (4 x 256 tokens), at 40%,
-50% and 60% (the Llama at 70% and 80% too): ``planner.plan`` once with every policy of solvers/regions.py ``SAVE_POLICIES`` and once
-with ``matmuls`` alone (the planner has no knob for it: its call of ``plan_regions`` is patched to pass
-``policies=("matmuls",)``). Both on one profile per model (``planner.profile_for``).
+50% and 60% (the Llama at 70% and 80% too): the native planner (``planner.native.plan_native``, what
+``planner.plan`` runs) once with every policy of solvers/regions.py ``SAVE_POLICIES`` and once with
+``matmuls`` alone (``policies=("matmuls",)``). Both on one profile per model (``planner.profile_for``).
 
 Reported: the regions; the predicted and measured peak (the plan's own measurement,
 ``profiler.measure_step`` of one step); the predicted step over the predicted un-checkpointed step;
@@ -21,12 +21,10 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import functools
 import os
 import statistics
 import sys
 import time
-from unittest import mock
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -35,11 +33,12 @@ sys.path[:0] = [ROOT, HERE]  # the repository first: benchmarks/solvers.py is no
 import torch  # noqa: E402
 
 import planner  # noqa: E402
-import planner.native  # noqa: E402
-from planner.api import BudgetInfeasible  # noqa: E402
+from planner.budget import parse_budget  # noqa: E402
+from planner.native import plan_native  # noqa: E402
 from planner.files import write_atomic  # noqa: E402
 from runtime.native import apply_native, remove_native  # noqa: E402
-from solvers.regions import SAVE_POLICIES, plan_regions  # noqa: E402
+from solvers import Infeasible  # noqa: E402
+from solvers.regions import SAVE_POLICIES  # noqa: E402
 
 import models  # noqa: E402  (benchmarks/models.py)
 
@@ -95,13 +94,13 @@ def short(region: str) -> str:
 
 
 def plan(model, inputs, budget: str, profile, policies: tuple[str, ...] | None):
-    """planner.plan, with only ``policies`` offered to the search when given (None: all)."""
-    search = plan_regions if policies is None else functools.partial(plan_regions, policies=policies)
-    with mock.patch.object(planner.native, "plan_regions", search):
-        try:
-            return planner.plan(model, inputs, budget, loss_fn=_loss, profile=profile)
-        except BudgetInfeasible as error:
-            return error
+    """The native planner (planner.native.plan_native, as planner.plan calls it), with only
+    ``policies`` offered to the search when given (None: all); a refusal is returned."""
+    try:
+        return plan_native(model, inputs, parse_budget(budget), loss_fn=_loss, profile=profile,
+                           policies=tuple(SAVE_POLICIES) if policies is None else policies)
+    except Infeasible as error:
+        return error
 
 
 def cpu_step(model, inputs) -> float:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import time
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 import networkx as nx
@@ -31,7 +32,7 @@ from runtime.chain import module_fingerprint
 from runtime.native import apply_native, input_shapes, parse_region, remove_native
 from runtime.rnn import staged_for_trace
 from solvers import Infeasible
-from solvers.regions import RegionPlan, candidate_regions, plan_regions, region_costs
+from solvers.regions import SAVE_POLICIES, RegionPlan, candidate_regions, plan_regions, region_costs
 from solvers.schedule import SolverInfo
 
 from .budget import Budget, format_bytes
@@ -352,9 +353,10 @@ def _called(model: torch.nn.Module, path: str) -> bool:
 
 def solve_native(profile: profiler.Profile, model: torch.nn.Module, budget_bytes: int,
                  time_limit: float | None = None, extra_bytes: int = 0,
-                 distributed=None) -> tuple[RegionPlan, int]:
+                 distributed=None, policies: Sequence[str] = tuple(SAVE_POLICIES)) -> tuple[RegionPlan, int]:
     """The regions for ``budget_bytes`` (whole step) and the bytes held besides their schedule
-    (``extra_bytes``, and ``distributed``'s wrapper's for the regions chosen, included)."""
+    (``extra_bytes``, and ``distributed``'s wrapper's for the regions chosen, included). ``policies``:
+    the save policies the search may give a region (solvers/regions.py ``SAVE_POLICIES``)."""
     graph = profile.regroup("op").graph
     devices = cuda_devices([*model.parameters()])
     fixed = _fixed_bytes(graph) + extra_bytes
@@ -371,9 +373,11 @@ def solve_native(profile: profiler.Profile, model: torch.nn.Module, budget_bytes
             raise Infeasible("the parameters, buffers and inputs alone exceed the budget", min_budget=None,
                              method=METHOD)
         try:
-            plan = plan_regions(graph, activation_budget, candidates, sequentials, time_limit=time_limit)
+            plan = plan_regions(graph, activation_budget, candidates, sequentials, time_limit=time_limit,
+                                policies=policies)
         except Infeasible as error:
-            raise _whole_step_least(error, graph, candidates, sequentials, time_limit, held_beside) from None
+            raise _whole_step_least(error, graph, candidates, sequentials, time_limit, held_beside,
+                                    policies) from None
         held = held_beside(plan.regions)
         if held + plan.outcome.peak_bytes <= budget_bytes:
             return plan, held
@@ -382,13 +386,14 @@ def solve_native(profile: profiler.Profile, model: torch.nn.Module, budget_bytes
                      method=METHOD)
 
 
-def _whole_step_least(error: Infeasible, graph, candidates, sequentials, time_limit, held_beside) -> Infeasible:
+def _whole_step_least(error: Infeasible, graph, candidates, sequentials, time_limit, held_beside,
+                      policies: Sequence[str]) -> Infeasible:
     """``error`` (the search's least activation peak) with ``min_budget`` in whole-step bytes: the
     least plan's activations and what is held beside them (parameters, inputs, the generator state
     each of its checkpoints saves, a wrapper's buffers), so that asking for exactly that budget plans."""
     if error.min_budget is None:
         return error
-    least = plan_regions(graph, error.min_budget, candidates, sequentials, time_limit=time_limit)
+    least = plan_regions(graph, error.min_budget, candidates, sequentials, time_limit=time_limit, policies=policies)
     return Infeasible(str(error), min_budget=held_beside(least.regions) + least.outcome.peak_bytes,
                       method=error.method or METHOD)
 
@@ -412,13 +417,14 @@ def measure_native(model: torch.nn.Module, regions, example_inputs, loss_fn, rep
 def plan_native(model: torch.nn.Module, example_inputs, budget: Budget, loss_fn=None,
                 time_limit: float | None = None, granularity="module",
                 profile: profiler.Profile | None = None, measure: bool = True,
-                distributed: str | None = None) -> NativePlan:
+                distributed: str | None = None, policies: Sequence[str] = tuple(SAVE_POLICIES)) -> NativePlan:
     """A :class:`NativePlan` for ``budget``: see the module docstring. Raises :class:`Infeasible`
     (``min_budget`` in whole-step bytes) when no set of regions fits.
 
     ``distributed`` (``"ddp"``, ``"fsdp2"`` or an :class:`FSDP2`) counts what the wrapper changes on
     each device (:func:`wrapper_bytes`) in the predicted and in the measured peak (the measurement
-    runs unwrapped, in this process, and adds those bytes), and in the base of a ``"N%"`` budget."""
+    runs unwrapped, in this process, and adds those bytes), and in the base of a ``"N%"`` budget.
+    ``policies`` restricts the save policies the search may use (benchmarks/policies.py compares)."""
     refuse_wrapped(model)
     extra = wrapper_bytes(model, distributed)
     remove_native(model)  # re-planning a model planned before: trace its own forward
@@ -458,12 +464,12 @@ def plan_native(model: torch.nn.Module, example_inputs, budget: Budget, loss_fn=
     for _ in range(attempts):
         try:
             search_started = time.perf_counter()
-            solved, held = solve_native(profile, model, target, time_limit, distributed=distributed)
+            solved, held = solve_native(profile, model, target, time_limit, distributed=distributed, policies=policies)
             solving += time.perf_counter() - search_started
         except Infeasible as error:
             minimum = error.min_budget  # whole-step bytes (solve_native)
-            least = _least_if_it_measures_within(profile, model, example_inputs, loss_fn, distributed, budget_bytes,
-                                                 minimum, measure, time_limit, warm_up=not warm)
+            least = _least_if_it_measures_within(profile, model, example_inputs, loss_fn, distributed, policies,
+                                                 budget_bytes, minimum, measure, time_limit, warm_up=not warm)
             if least is not None:
                 solved, held, measured = least
                 break
@@ -473,7 +479,7 @@ def plan_native(model: torch.nn.Module, example_inputs, budget: Budget, loss_fn=
             raise Infeasible(
                 f"budget {budget} ({format_bytes(budget_bytes)}) is below the least that checkpointing the model's "
                 f"modules reaches" + (f": {format_bytes(minimum)} ({minimum} bytes)" if minimum else "")
-                + _cache_hint(model), min_budget=minimum, method=METHOD) from None
+                + _cache_hint(model, profile), min_budget=minimum, method=METHOD) from None
         if not measure:
             break
         measured = measure_native(model, solved.regions, example_inputs, loss_fn, warm_up=not warm)
@@ -500,20 +506,32 @@ def _measured_over(budget: Budget, budget_bytes: int, measured_bytes: int, targe
             "or executor='traced'")
 
 
-def _cache_hint(model: torch.nn.Module) -> str:
-    """Why a Hugging Face decoder with its cache on cannot go lower, and what to do."""
+def _cache_hint(model: torch.nn.Module, profile: profiler.Profile) -> str:
+    """Why a Hugging Face decoder with its cache on cannot go lower, and what to do. Only when the
+    traced step returns a cache: encoders' configs say use_cache=True too (BERT's), and return none."""
     config = getattr(model, "config", None)
-    if not getattr(config, "use_cache", False):
+    if not getattr(config, "use_cache", False) or not _returns_a_cache(profile.joint.output_spec):
         return ""
     return ("; the model's config has use_cache=True: its attention blocks return their key/value cache as model "
             "outputs, which no checkpoint can free; set model.config.use_cache = False for training (as "
             "gradient_checkpointing_enable() does) and plan again")
 
 
+def _returns_a_cache(spec) -> bool:
+    """Whether a model output's pytree spec holds a key/value cache (a ``...Cache`` object, or a
+    ``past_key_values`` / ``cache`` field of a Hugging Face ModelOutput)."""
+    if spec.type is not None and spec.type.__name__.endswith("Cache"):
+        return True
+    keys = spec.context if isinstance(spec.context, (list, tuple)) else ()
+    if any(key in ("past_key_values", "cache") for key in keys if isinstance(key, str)):
+        return True
+    return any(_returns_a_cache(child) for child in spec.children())
+
+
 NEAR_MISS = 0.02  # a least predicted peak this close above the budget is measured before refusing
 
 
-def _least_if_it_measures_within(profile, model, example_inputs, loss_fn, distributed, budget_bytes: int,
+def _least_if_it_measures_within(profile, model, example_inputs, loss_fn, distributed, policies, budget_bytes: int,
                                  minimum: int | None, measure: bool, time_limit, warm_up: bool = True):
     """The least-peak plan, when its predicted peak is within :data:`NEAR_MISS` above the budget and
     its measured peak is within it: the prediction is an estimate of eager checkpointing (it
@@ -521,7 +539,7 @@ def _least_if_it_measures_within(profile, model, example_inputs, loss_fn, distri
     if not measure or minimum is None or minimum > budget_bytes * (1 + NEAR_MISS):
         return None
     try:
-        solved, held = solve_native(profile, model, minimum, time_limit, distributed=distributed)
+        solved, held = solve_native(profile, model, minimum, time_limit, distributed=distributed, policies=policies)
     except Infeasible:
         return None
     measured = measure_native(model, solved.regions, example_inputs, loss_fn, warm_up=warm_up)
