@@ -248,7 +248,7 @@ def test_torch_compile_captures_the_whole_planned_step_in_one_graph(case):
 
     if case.startswith("gpt2"):
         build, regions = (lambda: gpt2(layers=2, embd=32, heads=2, vocab=64, positions=16)), \
-            ["transformer.h.0", "transformer.h.1.mlp@matmuls"]
+            ["transformer.h.0@projections", "transformer.h.1.mlp@matmuls"]
         batches = [((), gpt2_inputs(batch=2, tokens=16, vocab=64)) for _ in range(2)]
         loss_fn = hf_loss
     else:
