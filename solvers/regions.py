@@ -176,23 +176,48 @@ def _trace_order(graph: nx.DiGraph) -> list[Hashable]:
     return list(graph.nodes)
 
 
+@dataclass(frozen=True)
+class ModuleNodes:
+    """A graph's forward and backward nodes grouped by the module that ran them, each group in trace
+    order: a region's nodes are gathered from the modules within it, not found by a scan of the
+    whole graph per region (the search tries ~450 regions, policy variants included, of a 12-layer
+    GPT-2's ~2,100 ops: the scans took 2 of its 5 s)."""
+
+    position: dict[Hashable, int]
+    forward: dict[str, list[Hashable]]
+    backward: dict[str, list[Hashable]]
+
+    @classmethod
+    def of(cls, graph: nx.DiGraph) -> ModuleNodes:
+        position, forward, backward = {}, {}, {}
+        for i, (v, data) in enumerate(graph.nodes(data=True)):
+            position[v] = i
+            kind = data.get("kind")
+            if kind in ("forward", "backward"):
+                (forward if kind == "forward" else backward).setdefault(data.get("module", ""), []).append(v)
+        return cls(position, forward, backward)
+
+    def within(self, region: str, kind: str) -> list[Hashable]:
+        """The ``kind`` ("forward" or "backward") nodes of the modules within ``region``, in trace order."""
+        groups = self.forward if kind == "forward" else self.backward
+        found = [v for module, nodes in groups.items() if within(module, region) for v in nodes]
+        return sorted(found, key=self.position.__getitem__)
+
+
 def _forward_nodes_of(graph: nx.DiGraph, region: str) -> list[Hashable]:
-    return [v for v, d in graph.nodes(data=True) if d.get("kind") == "forward" and within(d.get("module", ""), region)]
+    return ModuleNodes.of(graph).within(region, "forward")
 
 
-def _backward_within(graph: nx.DiGraph, node: Hashable, region: str) -> bool:
-    data = graph.nodes[node]
-    return data.get("kind") == "backward" and within(data.get("module", ""), region)
-
-
-def region_costs(graph: nx.DiGraph, region: str) -> RegionCosts:
-    """The parts of ``region`` (see :class:`RegionCosts`)."""
+def region_costs(graph: nx.DiGraph, region: str, by_module: ModuleNodes | None = None) -> RegionCosts:
+    """The parts of ``region`` (see :class:`RegionCosts`). ``by_module``: the graph's
+    :class:`ModuleNodes`, when a caller asks for many regions of one graph."""
     base, policy = split_policy(region)
-    nodes = _forward_nodes_of(graph, base)
+    by_module = by_module or ModuleNodes.of(graph)
+    nodes = by_module.within(base, "forward")
     members = set(nodes)
     saved = [v for v in nodes if saved_by_policy(str(graph.nodes[v].get("op", "")), policy)]
     saved_set = set(saved)
-    backward = [v for v in graph.nodes if _backward_within(graph, v, base)]
+    backward = by_module.within(base, "backward")
     read = {p for b in backward for p in graph.predecessors(b)}
     needed = [i for i, v in enumerate(nodes) if v in read and v not in saved_set]
     recomputed = tuple(v for v in nodes[: needed[-1] + 1]
@@ -382,11 +407,12 @@ class RegionModel:
         self.kept = [bool(nodes[v].get("output") or nodes[v].get("pinned")) for v in self.order]
         self.preds = [[self.index[p] for p in graph.predecessors(v)] for v in self.order]
         self._parts: dict[str, tuple] = {}
+        self._by_module = ModuleNodes.of(graph)
 
     def parts(self, region: str) -> tuple:
         """(recomputed indices, backward indices, trigger index or None, held-until-last indices)."""
         if region not in self._parts:
-            costs = region_costs(self.graph, region)
+            costs = region_costs(self.graph, region, self._by_module)
             index = self.index
             read_again = {p for v in costs.recomputed for p in self.graph.predecessors(v)} | \
                 {p for b in costs.backward for p in self.graph.predecessors(b)}
