@@ -11,8 +11,8 @@
   plan, started from the fast methods' schedules, and the order-free relaxation's bound), else
   ``orderfree`` with :data:`ORDERFREE_SHARE` (its laid-out optimum, and the same bound); either
   with at least :data:`SOLE_EXACT_SHARE` above :data:`EXACT_MAX_NODES` nodes, where nothing runs
-  after it. When the bound meets the cheapest schedule's cost, that schedule is proven optimal and
-  nothing else runs.
+  after it, and where no fast method's schedule fits the budget. When the bound meets the cheapest
+  schedule's cost, that schedule is proven optimal and nothing else runs.
 - Otherwise, on graphs of at most :data:`EXACT_MAX_NODES` nodes, ``cpsat`` with the rest of those
   seconds, hinted with the fast methods' schedules. The cheapest schedule wins; its ``lower_bound``
   is the best bound any of them proved (the order-free one, or cpsat's own), its status
@@ -71,6 +71,11 @@ HIERARCHICAL_SHARE = 0.9
 # orderfree's or hierarchical's share above EXACT_MAX_NODES, where cpsat does not run after them.
 # With half of 60 s, orderfree on the 595-node 48-layer GPT-2 graph returned +21.2% with only the
 # bound of computing everything once (17.5% gap) at a load average of 14; given 60 s, within 0.5%.
+# Also where no fast method's schedule fits the budget (cpsat then has no hint): on the five MLSys
+# cases of docs/solvers-benchmark.md where none fits (VGG16 and VGG19 at both budgets, FCN-8s at
+# point 0.2) cpsat's 60 s schedules were +16.6% to +44.5%, orderfree's +3.3% to +31.8%; and on
+# FCN-8s orderfree needs most of the minute (a probe, ilp's start, its MILP from it: within 0.74%
+# in 59.0 s of a 60 s call, load 4.5).
 SOLE_EXACT_SHARE = 0.95
 # A method that runs at all gets at least this many seconds (a searching solver refuses a limit of 0).
 MIN_METHOD_SECONDS = 0.05
@@ -110,6 +115,8 @@ def solve_auto(graph, budget: int, time_limit: float | None = None) -> Schedule:
     else:  # nothing runs after the relaxation: it gets nearly all the exact seconds
         share = max(share, SOLE_EXACT_SHARE)
     for method in methods:
+        if method in ("orderfree", "hierarchical") and not any(s is not None for _, s in tried):
+            share = max(share, SOLE_EXACT_SHARE)  # no fast schedule fits: little for cpsat after it
         if method == "cpsat" and _proven(tried):
             break  # the order-free bound already proves the cheapest schedule optimal
         left = None if deadline is None else deadline - time.perf_counter()

@@ -6,6 +6,7 @@ import math
 import random
 import time
 
+import networkx as nx
 import pytest
 from contract import check_contract
 from graphs import (
@@ -27,7 +28,9 @@ from solvers.orderfree import (
     order_free_bound,
 )
 from solvers.orderfree.model import MAX_COLUMNS
-from solvers.orderfree.method import LARGE_REPAIR, _checked, _fitting, _laid_out, _quick_dp, schedule_point
+from solvers.liveness import schedule_from_computes
+from solvers.orderfree.method import (LARGE_REPAIR, _checked, _fitting, _laid_out, _Probe, _quick_dp,
+                                     schedule_point)
 from solvers.orderfree.model import Relaxation
 from solvers.orderfree.windows import improve_by_windows
 
@@ -295,3 +298,71 @@ def test_the_window_search_improves_a_poor_incumbent_and_restores_the_model():
         assert outcome.valid and outcome.peak_bytes == peak <= budget and outcome.compute_cost == cost
         assert cost >= before.bound
     assert model.solve(20).bound == pytest.approx(before.bound)
+
+
+def test_a_schedule_computing_a_sink_twice_gives_a_point_the_model_takes():
+    # ilp's schedules may compute a sink twice; the coverage row says once, and HiGHS dropped such a
+    # start whole (measured on FCN-8s: "Row 6674 has infeasibility"). Only the last computation is
+    # read. A chain 0..4 (the milestones) with a sink 5 reading 1, computed in intervals 2 and 5.
+    graph = nx.DiGraph([(0, 1), (1, 2), (2, 3), (3, 4), (1, 5)])
+    for v in graph.nodes:
+        graph.nodes[v].update(cost=1.0 + v, mem=2 + v, output=v == 4)
+    schedule = schedule_from_computes(graph, [0, 1, 5, 2, 3, 4, 5])
+    outcome = simulate(graph, schedule)
+    assert outcome.valid and [v for kind, v in schedule if kind == "compute"].count(5) == 2
+    costs = node_costs(graph)
+    model = OrderFreeModel(costs, outcome.peak_bytes, choose_milestones(costs), interval_rows=True).build()
+    assert [costs.order[x] for x in model.marks] == [0, 1, 2, 3, 4]
+    values = schedule_point(model, [(kind, costs.index[v]) for kind, v in schedule])
+    sink = costs.index[5]
+    assert [i for (i, v), column in model.c.items() if v == sink and values.get(column)] == [5]
+    _fix_point(model, values)
+    solved = model.solve(20, integral=False)
+    assert not solved.infeasible and solved.bound <= outcome.compute_cost * (1 + 1e-9)
+
+
+def test_a_given_up_milp_keeps_its_bound_and_the_next_solve_runs_in_full():
+    # HiGHS keeps its interrupt flag between runs: the solve after a given-up one stopped at once
+    # (0.1 s, no bound) until every interrupt callback set the flag, to False as well.
+    graph = training_graph(20, seed=20)
+    costs = node_costs(graph)
+    model = OrderFreeModel(costs, int(store_all_peak(graph) * 0.5), choose_milestones(costs)).build()
+    calls = []
+    stopped = model.solve(20, give_up=lambda seconds, gap: calls.append((seconds, gap)) or True)
+    assert calls and not stopped.proven
+    full = model.solve(20)
+    fresh = OrderFreeModel(costs, model.budget, model.marks).build().solve(20)
+    assert full.proven and fresh.proven and full.bound == pytest.approx(fresh.bound)
+
+
+def test_the_probe_gives_up_only_late_and_far_from_its_bound():
+    probe = _Probe(seconds=4.0, gap=0.1)
+    assert not probe(1.0, None) and not probe(5.0, 0.05) and not probe.fired
+    assert probe(5.0, 0.2) and probe.fired and probe(6.0, 0.0)  # once given up, it stays so
+    assert _Probe(seconds=4.0, gap=0.1)(4.0, None)  # no incumbent by then
+
+
+def test_ilp_without_its_every_order_bounds_claims_no_optimality():
+    graph = training_graph(8, seed=8)
+    budget = int(store_all_peak(graph) * 0.6)
+    schedule = solve(graph, budget, method="ilp", time_limit=20, every_order_bound=False, stop_gap=0.5)
+    assert simulate(graph, schedule).peak_bytes <= budget
+    assert schedule.info.status != "optimal" and schedule.info.lower_bound == 0.0
+
+
+def test_without_a_fitting_heuristic_a_given_up_probe_starts_the_milp_from_ilp(monkeypatch):
+    # No fast heuristic's schedule (the fallbacks return none) and a probe that always gives up: ilp's
+    # schedule joins the schedules found and starts the MILP; the status is optimal only at the optimum.
+    import solvers.orderfree.method as method
+
+    monkeypatch.setattr(method, "_fallbacks", lambda *args: [])
+    monkeypatch.setattr(method, "_Probe", lambda: _Probe(seconds=0.0, gap=-1.0))
+    graph = training_graph(8, seed=8)
+    budget = int(store_all_peak(graph) * 0.6)
+    schedule = solve(graph, budget, method="orderfree", time_limit=30)
+    outcome = simulate(graph, schedule)
+    assert outcome.valid and outcome.peak_bytes <= budget
+    assert "the MILP started from ilp's schedule" in schedule.info.message
+    optimum = min_cost_schedule(graph, budget, time_limit=20).info.compute_cost
+    assert schedule.info.compute_cost >= optimum * (1 - 1e-9)
+    assert (schedule.info.status == "optimal") == (schedule.info.compute_cost <= optimum * (1 + 1e-7))

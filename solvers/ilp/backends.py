@@ -27,6 +27,10 @@ BACKENDS = ("highs", "cbc")
 HIGHS_SECONDS_AFTER_LIMIT_PER_ENTRY = 6e-6
 
 
+# HiGHS's own mip_rel_gap default: a run stopped there is reported optimal, as before ``gap_rel``.
+DEFAULT_MIP_REL_GAP = 1e-4
+
+
 @dataclass
 class Outcome:
     """What a backend run says, in the model's normalised objective units (constant included)."""
@@ -144,7 +148,7 @@ def dual_bound(model: CheckmateModel, row_dual: np.ndarray) -> float:
 
 
 def _run_highs(model: CheckmateModel, time_limit, threads, warm, relax, gap_abs, target=None,
-               lp_solver: str = "choose") -> Outcome:
+               lp_solver: str = "choose", gap_rel: float | None = None) -> Outcome:
     import highspy
 
     ends_at = None if time_limit is None else time.perf_counter() + time_limit
@@ -155,6 +159,8 @@ def _run_highs(model: CheckmateModel, time_limit, threads, warm, relax, gap_abs,
         highs.setOptionValue("mip_abs_gap", gap_abs)
     if target is not None:
         highs.setOptionValue("objective_target", target)
+    if gap_rel is not None:
+        highs.setOptionValue("mip_rel_gap", gap_rel)
     if threads is not None:
         # HiGHS keeps one thread pool per process, sized by the first run; a run asking for another
         # size fails ("global scheduler has already been initialized") unless the pool is rebuilt
@@ -185,7 +191,10 @@ def _run_highs(model: CheckmateModel, time_limit, threads, warm, relax, gap_abs,
     if not (has_solution or infeasible or stopped or status == kinds.kOptimal):
         raise RuntimeError(f"ilp: HiGHS failed on the model (status {status.name}); run with backend='cbc', "
                            "or check HiGHS's log (e.g. a 'threads' option HiGHS refused)")
-    outcome = Outcome(has_solution, status == kinds.kOptimal and has_solution, infeasible, stopped)
+    optimal = status == kinds.kOptimal and has_solution
+    if optimal and gap_rel is not None and info.mip_gap > DEFAULT_MIP_REL_GAP:
+        optimal, stopped = False, True  # stopped at gap_rel, not proven
+    outcome = Outcome(has_solution, optimal, infeasible, stopped)
     solution = highs.getSolution()
     if has_solution:
         outcome.values = np.array(solution.col_value, dtype=np.float64)
@@ -268,10 +277,12 @@ def _run_cbc(model: CheckmateModel, time_limit, threads, warm, relax, gap_abs) -
 
 def run_backend(model: CheckmateModel, backend: str, time_limit: float | None = None, threads: int | None = None,
                 warm: np.ndarray | None = None, relax: bool = False, gap_abs: float | None = None,
-                target: float | None = None, lp_solver: str = "choose") -> Outcome:
+                target: float | None = None, lp_solver: str = "choose", gap_rel: float | None = None) -> Outcome:
     """Solve ``model`` with ``backend`` ("highs" or "cbc"); ``warm``: a start, one value per column.
 
     ``target`` (HiGHS only): stop at the first solution whose objective is at most this.
+    ``gap_rel`` (HiGHS only): stop once the incumbent is within this relative gap of the bound (the
+    outcome is then not ``optimal`` unless within HiGHS's default gap, ``DEFAULT_MIP_REL_GAP``).
     ``lp_solver`` (HiGHS only, with ``relax``): HiGHS's ``solver`` option for the LP ("choose", its
     default, picks the simplex; "pdlp", its first-order method, for LPs too large for it); the
     LP's bound is :func:`dual_bound`'s either way.
@@ -280,7 +291,7 @@ def run_backend(model: CheckmateModel, backend: str, time_limit: float | None = 
         time_limit = max(0.01, float(time_limit))
     started = time.perf_counter()
     if backend == "highs":
-        outcome = _run_highs(model, time_limit, threads, warm, relax, gap_abs, target, lp_solver)
+        outcome = _run_highs(model, time_limit, threads, warm, relax, gap_abs, target, lp_solver, gap_rel)
     else:
         outcome = _run_cbc(model, time_limit, threads, warm, relax, gap_abs)
     LOG.debug("ilp: %s %s in %.1f s: optimal %s, objective %s, bound %s", backend, "LP" if relax else "MILP",

@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass, field
 
 from ..clock import Clock
-from ..errors import Infeasible, SolverTimeout
+from ..errors import Infeasible, SolverTimeout, SolverUnavailable
 from ..graph import NodeCosts, node_costs
 from ..liveness import drop_redundant_computes, schedule_from_computes
 from ..options import schedule_from, time_limit_or_default
@@ -51,6 +51,22 @@ START_MAX_COLUMNS = 130_000
 # START_MAX_COLUMNS its schedule is no MIP start, only a fallback; chen-greedy takes ~1 s. On the
 # 595-node 48-layer GPT-2 graph (views of 57 stages and fewer) it takes 0.4 s and is the best start.
 QUICK_DP_STAGES = 100
+# Where no fast heuristic's schedule fits the budget (so the MILP has no start) on graphs of at most
+# ILP_START_MAX_NODES nodes, the first MILP solve is a probe: given up PROBE_SECONDS into it when
+# its incumbent is still more than PROBE_GAP from its bound (or it has none). Then Checkmate's MILP
+# (``ilp``, its fixed-order model, its own bounds skipped) gets ILP_START_SHARE of the time left
+# for a schedule, and the relaxation's MILP is solved again from the cheaper of that schedule and
+# the probe's incumbent. Measured on the 80-node FCN-8s graph at 81% of its peak (the MLSys
+# benchmark's point 0.2, load ~4): unstarted, the MILP's incumbent was +37% at 5.5 s and +12.1%
+# at 45 s (bound +9.5%); ilp had +11.6% 17 s into its call; started from it, the MILP was within
+# 1% at 27 s and proved +11.4% optimal at 52 s. On the 68-node VGG19 graph at 82% (no heuristic
+# fits either) the unstarted MILP was within 5.9% at 1.4 s and proved optimal at 26 s: no probe
+# gives up there. ilp's model has n^2 columns: 150 nodes is the benchmark's exact-ilp limit.
+ILP_START_MAX_NODES = 150
+PROBE_SECONDS = 4.0
+PROBE_GAP = 0.10
+ILP_START_SHARE = 0.45
+ILP_START_GAP = 0.01
 
 
 @dataclass(frozen=True)
@@ -172,11 +188,28 @@ def _fitting(graph, costs: NodeCosts, result: Relaxation, budget: int):
     return cost, peak, schedule, "the window search's solution, laid out"
 
 
+@dataclass
+class _Probe:
+    """``give_up`` of the first MILP solve where it has no start (``ILP_START_MAX_NODES``): True
+    once ``seconds`` into it while its incumbent is more than ``gap`` from its bound, or it has none.
+    ``fired`` records that it gave up."""
+
+    seconds: float = PROBE_SECONDS
+    gap: float = PROBE_GAP
+    fired: bool = False
+
+    def __call__(self, running: float, gap: float | None) -> bool:
+        if not self.fired and running >= self.seconds and (gap is None or gap > self.gap):
+            self.fired = True
+        return self.fired
+
+
 def _solve_relaxation(search: _Search) -> None:
     """Build the relaxation, solve its LP (a bound even where the MILP's root does not finish in
     time: 501 nodes, ~4 s; milliseconds on small graphs), then its MILP started from the cheapest
-    heuristic schedule. Sets ``search.model`` and ``search.first`` (the first solve, holding the
-    better of the LP's and the MILP's bounds); on a timeout with schedules in hand, notes it."""
+    heuristic schedule; where there is none, from ilp's when the MILP alone finds poor incumbents
+    (``_Probe``, ``_started_from_ilp``). Sets ``search.model`` and ``search.first`` (holding the best of
+    the LP's and the MILP solves' bounds); on a timeout with schedules in hand, notes it."""
     costs, clock, found = search.costs, search.clock, search.found
     try:
         model = OrderFreeModel(costs, search.budget, choose_milestones(costs)).build(clock)
@@ -185,7 +218,10 @@ def _solve_relaxation(search: _Search) -> None:
             start = min(found, key=lambda item: item[0])[2]
             start_from(model, [(kind, costs.index[v]) for kind, v in start])
         share = FIRST_SOLVE_SHARE_SMALL if len(model.integrality) <= SMALL_MODEL_COLUMNS else FIRST_SOLVE_SHARE
-        first = lp if lp.infeasible else model.solve(clock.share(share))
+        probe = _Probe() if not found and costs.n <= ILP_START_MAX_NODES else None
+        first = lp if lp.infeasible else model.solve(clock.share(share), give_up=probe)
+        if probe is not None and probe.fired:
+            first = _started_from_ilp(search, model, first, share)
     except SolverTimeout as error:
         if not found:
             raise
@@ -194,6 +230,38 @@ def _solve_relaxation(search: _Search) -> None:
     if lp.bound is not None and (first.bound is None or first.bound < lp.bound):
         first.bound = lp.bound
     search.model, search.first = model, first
+
+
+def _started_from_ilp(search: _Search, model: OrderFreeModel, probe: Relaxation, share: float) -> Relaxation:
+    """After a probe gave up: ilp's schedule (``ILP_START_SHARE`` of the time left; added to
+    ``search.found``), then the MILP again with ``share`` of what is left, started from the cheaper
+    of that schedule and the probe's incumbent. Its result, with the better of the two solves' bounds
+    (the same model at the same budget: both hold)."""
+    import numpy as np
+
+    from ..api import solve
+
+    costs, clock = search.costs, search.clock
+    try:
+        schedule = solve(search.graph, search.budget, method="ilp", time_limit=clock.share(ILP_START_SHARE),
+                         every_order_bound=False, stop_gap=ILP_START_GAP)
+    except (Infeasible, TimeoutError, SolverUnavailable):
+        schedule = None
+    search.notes.append("the MILP started from ilp's schedule" if schedule is not None
+                        else "ilp found no schedule to start the MILP from")
+    if schedule is not None:
+        search.found.append((schedule.info.compute_cost, schedule.info.predicted_peak_bytes, schedule, "ilp"))
+    if schedule is not None and (probe.objective is None or schedule.info.compute_cost < probe.objective):
+        start_from(model, [(kind, costs.index[v]) for kind, v in schedule])
+    elif probe.values is not None:
+        model.highs.setSolution(len(model.integrality), np.arange(len(model.integrality), dtype=np.int32),
+                                np.array(probe.values, dtype=np.float64))
+    if clock.expired():
+        return probe
+    result = model.solve(clock.share(share))
+    bounds = [b for b in (probe.bound, result.bound) if b is not None]
+    result.bound = max(bounds) if bounds else None
+    return result
 
 
 def _bound(search: _Search) -> float:
@@ -265,10 +333,13 @@ def schedule_point(model: OrderFreeModel, steps) -> dict[int, float] | None:
     docstring's proof: c[i,v] = 1 where v is computed in interval i, h[j,u] = 1 where u is held when
     x_j is first computed, z and w at the least values their rows allow. Column -> value, columns
     left out at 0; ``None`` when the model cannot read the schedule (not the graph's, or out of order).
-    For a schedule within the model's budget that computes each sink once, it meets every row, at
-    an objective no greater than the schedule's cost."""
+    For a schedule within the model's budget it meets every row, at an objective no greater than the
+    schedule's cost: as in the proof, only the last computation of each sink is read (a sink
+    computed twice, as ilp's schedules may, breaks the coverage row that says once, and HiGHS drops
+    the whole start)."""
     number = {x: j + 1 for j, x in enumerate(model.marks)}
     values, held, interval = {}, set(), 0
+    steps = _last_sink_computations(model.costs, list(steps))
     for kind, v in steps:
         if kind == "free":
             held.discard(v)
@@ -286,6 +357,14 @@ def schedule_point(model: OrderFreeModel, steps) -> dict[int, float] | None:
         values[column] = max(0.0, values.get(model.h[i, u], 0.0) + after - values.get(model.c[i, u], 0.0) - 1.0)
     _start_worst(model, values)
     return values
+
+
+def _last_sink_computations(costs: NodeCosts, steps: list) -> list:
+    """``steps`` without the computations of sinks (nodes nobody reads) before their last one: nobody
+    reads those results, so dropping them lowers no step's memory need and keeps the schedule valid."""
+    last = {v: k for k, (kind, v) in enumerate(steps) if kind != "free" and not costs.succs[v]}
+    return [(kind, v) for k, (kind, v) in enumerate(steps)
+            if kind == "free" or costs.succs[v] or last[v] == k]
 
 
 def _start_worst(model: OrderFreeModel, values: dict) -> None:

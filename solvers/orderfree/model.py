@@ -299,8 +299,11 @@ class OrderFreeModel:
         for row, own in self.memory_rows:
             self.highs.changeRowBounds(row, -highspy.kHighsInf, float(budget - own))
 
-    def solve(self, seconds: float | None, integral: bool = True) -> Relaxation:
-        """Solve the MILP (or its LP relaxation) within ``seconds``: its bound and laid-out solution."""
+    def solve(self, seconds: float | None, integral: bool = True, give_up=None) -> Relaxation:
+        """Solve the MILP (or its LP relaxation) within ``seconds``: its bound and laid-out solution.
+        ``give_up(seconds_run, gap)``, called as the MILP runs (``gap``: its incumbent's relative
+        distance to its dual bound, ``None`` before it has one), stops it when it returns True;
+        the bound and incumbent reached stand, as at a time limit."""
         import highspy
         import numpy as np
 
@@ -312,7 +315,7 @@ class OrderFreeModel:
         highs.changeColsIntegrality(n_cols, np.arange(n_cols, dtype=np.int32), kind)
         if seconds is not None:
             highs.setOptionValue("time_limit", max(0.01, float(seconds)))
-        _run(highs, seconds)
+        _run(highs, seconds, give_up if integral else None)
         status, info, kinds = highs.getModelStatus(), highs.getInfo(), highspy.HighsModelStatus
         if status in (kinds.kInfeasible, kinds.kUnboundedOrInfeasible):
             return Relaxation(math.inf, infeasible=True)
@@ -381,25 +384,57 @@ class OrderFreeModel:
         return order
 
 
-def _run(highs, seconds: float | None) -> None:
+def _mip_gap(primal: float, dual: float) -> float | None:
+    """The relative distance of a MILP's incumbent (``primal``, seconds) to its dual bound, ``None``
+    without an incumbent."""
+    if not math.isfinite(primal):
+        return None
+    return 0.0 if primal <= 0 else max(0.0, (primal - dual) / primal) if math.isfinite(dual) else 1.0
+
+
+def _run(highs, seconds: float | None, give_up=None) -> None:
     """``highs.run()`` in highspy's worker thread, cancelled ``CANCEL_GRACE`` seconds after its
     time limit (measured: a 1001-node MILP given 23 s ran for 82 s, HiGHS checking its limit too
-    seldom) and at Ctrl-C, which then propagates (as :func:`solvers.ilp.backends.run_interruptibly`)."""
+    seldom), when ``give_up`` says so (checked at HiGHS's MIP interrupt callbacks) and at Ctrl-C,
+    which then propagates (as :func:`solvers.ilp.backends.run_interruptibly`).
+
+    Every interrupt callback sets HiGHS's interrupt flag, to False as well: HiGHS keeps the flag
+    between runs, and a run after an interrupted one stopped at once (measured: 0.1 s, no bound)."""
     import time
 
-    highs.HandleUserInterrupt = True
+    import highspy
+
+    stop = [False]
+    mip = highspy.cb.HighsCallbackType.kCallbackMipInterrupt
+
+    def check(event) -> None:
+        if not stop[0] and give_up is not None and event.callback_type == mip:
+            out = event.data_out
+            stop[0] = bool(give_up(out.running_time, _mip_gap(out.mip_primal_bound, out.mip_dual_bound)))
+        event.interrupt(stop[0])
+
+    def cancel() -> None:
+        stop[0] = True
+        highs.cancelSolve()
+
+    events = (highs.cbSimplexInterrupt, highs.cbIpmInterrupt, highs.cbMipInterrupt)
+    for event in events:
+        event.subscribe(check)
     worker = highs.startSolve()
     ends = None if seconds is None else time.perf_counter() + seconds + CANCEL_GRACE
     try:
         while not highs.wait(0.1)[0]:
             if ends is not None and time.perf_counter() > ends:
-                highs.cancelSolve()
+                cancel()
                 worker.join()
                 return
     except KeyboardInterrupt:
-        highs.cancelSolve()
+        cancel()
         worker.join()
         raise
+    finally:
+        for event in events:
+            event.unsubscribe(check)
 
 
 def order_free_bound(graph, budget: int, seconds: float | None = 2.0, integral: bool = True,
