@@ -57,11 +57,14 @@ QUICK_DP_STAGES = 100
 # (``ilp``, its fixed-order model, its own bounds skipped) gets ILP_START_SHARE of the time left
 # for a schedule, and the relaxation's MILP is solved again from the cheaper of that schedule and
 # the probe's incumbent. Measured on the 80-node FCN-8s graph at 81% of its peak (the MLSys
-# benchmark's point 0.2, load ~4): unstarted, the MILP's incumbent was +37% at 5.5 s and +12.1%
-# at 45 s (bound +9.5%); ilp had +11.6% 17 s into its call; started from it, the MILP was within
-# 1% at 27 s and proved +11.4% optimal at 52 s. On the 68-node VGG19 graph at 82% (no heuristic
-# fits either) the unstarted MILP was within 5.9% at 1.4 s and proved optimal at 26 s: no probe
-# gives up there. ilp's model has n^2 columns: 150 nodes is the benchmark's exact-ilp limit.
+# benchmark's point 0.2, load ~4, HiGHS's default branching): unstarted, the MILP's incumbent was
+# +37% at 5.5 s and +12.1% at 45 s (bound +9.5%); ilp had +11.6% 17 s into its call; started from
+# it, the MILP was within 1% at 27 s and proved +11.4% optimal at 52 s (20 s with
+# PSEUDOCOST_MAX_COLUMNS's branching). That optimum's layouts overshoot the budget by 1.2 MB (so
+# do 300 random orders within its intervals): ilp's +11.64% is the schedule, within 0.18% of the
+# bound (49.9 s of 60, load 4.6). On the 68-node VGG19 graph at 82% (no heuristic fits either) the
+# unstarted MILP was within 5.9% at 1.4 s and proved optimal at 20-26 s: no probe gives up there.
+# ilp's model has n^2 columns: 150 nodes is the benchmark's exact-ilp limit.
 ILP_START_MAX_NODES = 150
 PROBE_SECONDS = 4.0
 PROBE_GAP = 0.10
