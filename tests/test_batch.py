@@ -21,18 +21,21 @@ import planner
 
 OK = {"optimal", "optimal-in-order", "feasible", "heuristic"}
 
-# A small MLP whose build can be slowed down (to kill a sweep at a known point) or made to fail.
+# A small MLP whose build can be slowed down (to kill a sweep at a known point) or made to fail. The
+# delay applies only where SWEEP_SLOW_BUILD is set: in the sweep that is killed, not in the ones that run
+# to the end (the same config, so the same runs and cache, without sleeping through the delay).
 SWEEP_MODEL = """
+import os
 import time
 
 import torch
 from torch import nn
 
-
 def build_model(width=32, depth=8, delay=0.0, fail=False):
     if fail:
         raise RuntimeError("this model does not build")
-    time.sleep(delay)
+    if os.environ.get("SWEEP_SLOW_BUILD"):
+        time.sleep(delay)
     torch.manual_seed(0)
     layers = []
     for _ in range(depth):
@@ -119,8 +122,9 @@ def _without(table, *columns):
 
 def test_a_killed_sweep_resumes_without_redoing_finished_runs(tmp_path):
     write(tmp_path / "model.py", SWEEP_MODEL)
-    # The second model takes 3 s to build: once the first model's first run is recorded, the sweep
-    # is killed while the second model is still being built, with some runs done and some not.
+    # In the killed sweep the second model takes 3 s to build: once the first model's first run is
+    # recorded, the sweep is killed while the second model is still being built, with some runs done
+    # and some not. The reference and resumed sweeps build it at once.
     config = write(tmp_path / "sweep.yaml", """
         budgets: [100%, 85%, 75%]
         solvers: [chen-sqrtn, chen-greedy]
@@ -133,7 +137,7 @@ def test_a_killed_sweep_resumes_without_redoing_finished_runs(tmp_path):
     assert reference.returncode == 0, reference.stderr
 
     killed = tmp_path / "killed"
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), SWEEP_SLOW_BUILD="1")
     process = subprocess.Popen([*command(), "batch", str(config), "--out", str(killed), "--cache-dir", str(cache)],
                                env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
