@@ -5,7 +5,8 @@ and runs of an ``nn.Sequential``'s children (``"layers[2:5]"``, as ``checkpoint_
 them), optionally with a save policy (``"transformer.h.3@matmuls"``: a selective checkpoint,
 ``torch.utils.checkpoint.create_selective_checkpoint_contexts``, that saves the matmuls' and
 convolutions' outputs and recomputes the rest; ``@projections`` recomputes the attention's bmm
-products too: solvers/regions.py SAVE_POLICIES). :func:`apply_native` makes each region's call run under non-reentrant
+products too; the ``+draws`` variants keep dropout's random draws: solvers/regions.py SAVE_POLICIES,
+runtime/save_policies.py). :func:`apply_native` makes each region's call run under non-reentrant
 ``torch.utils.checkpoint.checkpoint(use_reentrant=False, preserve_rng_state=True)``, and changes
 nothing else: the model is the same object, with the same class, parameters, buffers, hooks,
 ``state_dict`` keys and ``config``. Its Python forward runs at every call, so hooks added later, flags
@@ -41,7 +42,7 @@ import torch.utils.checkpoint as torch_checkpoint
 from .module import PlanMismatch
 from .guards import fsdp2_sharded
 from .rnn import install_for_regions, remove_rnn_stages
-from solvers.regions import SAVE_POLICIES
+from .save_policies import SavePolicy
 
 _SEGMENT = re.compile(r"^(?P<path>.*)\[(?P<start>\d+):(?P<stop>\d+)\]$")
 _GUARD = "_native_shape_guard"
@@ -51,46 +52,15 @@ class ShapeTooLarge(PlanMismatch):
     """A call's inputs are larger than those the native plan was made for."""
 
 
-def _policy_ops(name: str) -> frozenset:
-    """The aten overload packets whose outputs solvers/regions.py's policy ``name`` saves: those
-    whose name matches one of its op-name prefixes (``"aten.mm."`` is ``aten.mm``), one table for the
-    prediction and the run."""
-    policy = SAVE_POLICIES.get(name)
-    if policy is None:
-        raise PlanMismatch(f"unknown save policy {name!r} in the plan (known: {', '.join(SAVE_POLICIES)}): made by a "
-                           "newer plan-checkpoints?")
-    aten = torch.ops.aten
-    return frozenset(getattr(aten, n) for n in dir(aten) if policy.saves(f"aten.{n}."))
-
-
-class SavePolicy:
-    """A selective-checkpoint policy: the outputs of ``ops`` (aten overload packets) are saved,
-    everything else recomputed. Picklable (a name), so that the model stays deep-copyable."""
-
-    def __init__(self, name: str):
-        self.name = name
-        self.ops = _policy_ops(name)
-
-    def __getstate__(self):
-        return {"name": self.name}
-
-    def __setstate__(self, state):
-        self.__init__(state["name"])
-
-    def __call__(self, ctx, op, *args, **kwargs):
-        packet = getattr(op, "overloadpacket", op)
-        if packet in self.ops:
-            return torch_checkpoint.CheckpointPolicy.MUST_SAVE
-        return torch_checkpoint.CheckpointPolicy.PREFER_RECOMPUTE
-
-
-
 def _checkpoint(function, *args, policy: SavePolicy | None = None, **kwargs):
-    # A partial of PyTorch's own function, the form torch.compile recognises as a context_fn.
-    options = {} if policy is None else {
-        "context_fn": functools.partial(torch_checkpoint.create_selective_checkpoint_contexts, policy)}
-    return torch_checkpoint.checkpoint(function, *args, use_reentrant=False, preserve_rng_state=True, **options,
-                                       **kwargs)
+    if policy is None:
+        return torch_checkpoint.checkpoint(function, *args, use_reentrant=False, preserve_rng_state=True, **kwargs)
+    call = policy.one_call()
+    try:
+        return torch_checkpoint.checkpoint(function, *args, use_reentrant=False, preserve_rng_state=True,
+                                           context_fn=call.context_fn(), **kwargs)
+    finally:
+        call.close()
 
 
 def _class_forward(module: torch.nn.Module):

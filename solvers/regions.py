@@ -65,24 +65,36 @@ class SavePolicy:
     """A selective-checkpoint policy (``torch.utils.checkpoint.create_selective_checkpoint_contexts``):
     inside a region, the outputs of the aten ops named by ``ops`` (op-name prefixes, ``"aten.mm."``,
     so that this module needs no torch) are saved in the forward (MUST_SAVE); every other op of the
-    region is recomputed. runtime/native.py saves the same ops, matched by the same prefixes."""
+    region is recomputed. runtime/native.py saves the same ops, matched by the same prefixes.
+
+    ``draws``: the random draws are saved too (:func:`draw_chains`): the recomputation does not draw
+    again. Eager dropout on CPU is ``torch.empty_like(x).bernoulli_(1 - p).div_(1 - p)`` then a
+    multiply, in place on one buffer: the run saves the allocation, the draw and the scaling (one
+    buffer), and recomputes only the multiply."""
 
     ops: tuple[str, ...]
+    draws: bool = False
 
     def saves(self, op: str) -> bool:
-        """Whether the output of aten op ``op`` (``"aten.mm.default"``) is saved; a node of several
-        ops (``op == ""``) is recomputed."""
+        """Whether the output of aten op ``op`` (``"aten.mm.default"``) is saved by name; a node of
+        several ops (``op == ""``) is recomputed."""
         return bool(op) and op.startswith(self.ops)
 
 
 _PROJECTIONS = ("aten.mm.", "aten.addmm.", "aten.convolution.", "aten._scaled_dot_product_")
+_MATMULS = _PROJECTIONS + ("aten.bmm.", "aten.baddbmm.")
+# New uninitialised tensors: under a policy with ``draws`` they are saved (the run cannot tell, when
+# one is made, whether a draw will fill it; runtime/native.py).
+ALLOCATIONS = ("aten.empty_like.", "aten.empty.", "aten.empty_strided.", "aten.new_empty.", "aten.new_empty_strided.")
+# What scales a draw in place (dropout's ``noise.div_(1 - p)``), functionalized to ``div``/``mul`` of it.
+_SCALINGS = ("aten.div.", "aten.mul.")
 
 # The policies a region may take, by the names plan files keep (``"transformer.h.3@matmuls"``); the
 # search takes the one with the cheapest predicted step that fits (the first listed on a tie). Which
 # ones, and why not others, measured on GPT-2, BERT and Llama: docs/native.md, "Save policies".
 SAVE_POLICIES: dict[str, SavePolicy] = {
     # The costly ops, whose outputs are cheap to hold next to the pointwise ops around them.
-    "matmuls": SavePolicy(_PROJECTIONS + ("aten.bmm.", "aten.baddbmm.")),
+    "matmuls": SavePolicy(_MATMULS),
     # The same less bmm/baddbmm: in attention without a fused kernel (eager, or SDPA's math path
     # when attention dropout is on, on CPU) these are the score and context products, whose score
     # matrix is s^2 per head; recomputing them with the softmax and dropout around them holds no s^2
@@ -91,7 +103,41 @@ SAVE_POLICIES: dict[str, SavePolicy] = {
     # ops besides. The projections are mm/addmm in Hugging Face models (GPT-2's Conv1D, BERT's and
     # Llama's Linear), never bmm. With a fused attention kernel this saves what "matmuls" saves.
     "projections": SavePolicy(_PROJECTIONS),
+    # Each of them with the random draws saved: on CPU a dropout's draw (bernoulli) is the costliest
+    # op of a transformer block (GPT-2's attention dropout: 37.7 of the block's 84 ms forward), and
+    # its mask is as large as the dropped tensor, so holding it trades bytes for time at about the
+    # matmuls' rate (docs/native.md, "Save policies").
+    "matmuls+draws": SavePolicy(_MATMULS, draws=True),
+    "projections+draws": SavePolicy(_PROJECTIONS, draws=True),
 }
+
+
+def draw_chains(graph: nx.DiGraph, nodes: Sequence[Hashable]) -> tuple[set, set]:
+    """The results of ``nodes`` (one region's forward ops) that a policy with ``draws`` saves besides
+    its ops, and those of them that are one buffer with a later one (``aliased``: held through it).
+
+    Saved: every allocation (:data:`ALLOCATIONS`) and every random op (node attribute ``random``).
+    A draw that fills an allocation in place (read by one op only, a ``div``/``mul``: the
+    functional form of dropout's ``div_``) is one buffer with that scaling, which is saved too; the
+    allocation and the draw are then ``aliased``: the buffer is counted once, at the scaling."""
+    members = set(nodes)
+    saved: set = set()
+    aliased: set = set()
+    for v in nodes:
+        data = graph.nodes[v]
+        op = str(data.get("op", ""))
+        if op.startswith(ALLOCATIONS):
+            saved.add(v)
+        if not data.get("random"):
+            continue
+        saved.add(v)
+        filled = [p for p in graph.predecessors(v) if p in members and str(graph.nodes[p].get("op", "")).startswith(ALLOCATIONS)]
+        aliased.update(filled)
+        readers = list(graph.successors(v))
+        if len(readers) == 1 and readers[0] in members and str(graph.nodes[readers[0]].get("op", "")).startswith(_SCALINGS):
+            saved.add(readers[0])
+            aliased.add(v)
+    return saved, aliased
 
 
 def split_policy(region: str) -> tuple[str, str | None]:
@@ -141,7 +187,8 @@ class RegionCosts:
     """One region's parts, in trace order: its forward ``nodes``; those its policy ``saved``; those
     its recomputation runs again (``recomputed``: up to the last one a backward op of the region
     reads, PyTorch's early stop, less the saved); its ``backward`` ops; its ``inputs`` (results from
-    outside that it reads, held by the checkpoint); ``seconds`` of recomputation."""
+    outside that it reads, held by the checkpoint); ``seconds`` of recomputation; ``aliased``: saved
+    results that are one buffer with a later saved one (:func:`draw_chains`), held through it."""
 
     region: str
     nodes: tuple[Hashable, ...]
@@ -153,6 +200,16 @@ class RegionCosts:
     # The backward op at which the recomputation runs: the first that unpacks anything the region
     # packed (its forward results, recomputed or, under a policy, cached).
     trigger: Hashable | None = None
+    aliased: tuple[Hashable, ...] = ()
+
+    def held_to_the_end(self, graph: nx.DiGraph) -> list[Hashable]:
+        """What the checkpoint holds until the region's last backward op: its inputs, and saved
+        results no one reads again (the policy's cache keeps them while the recomputation stops
+        before it reaches them), but for the ``aliased`` (their buffer is held as the later result)."""
+        read_again = {p for v in self.recomputed for p in graph.predecessors(v)} | \
+            {p for b in self.backward for p in graph.predecessors(b)}
+        aliased = set(self.aliased)
+        return [*self.inputs, *(v for v in self.saved if v not in read_again and v not in aliased)]
 
 
 @dataclass(frozen=True)
@@ -215,7 +272,8 @@ def region_costs(graph: nx.DiGraph, region: str, by_module: ModuleNodes | None =
     by_module = by_module or ModuleNodes.of(graph)
     nodes = by_module.within(base, "forward")
     members = set(nodes)
-    saved = [v for v in nodes if saved_by_policy(str(graph.nodes[v].get("op", "")), policy)]
+    chained, aliased = draw_chains(graph, nodes) if policy and SAVE_POLICIES[policy].draws else (set(), set())
+    saved = [v for v in nodes if v in chained or saved_by_policy(str(graph.nodes[v].get("op", "")), policy)]
     saved_set = set(saved)
     backward = by_module.within(base, "backward")
     read = {p for b in backward for p in graph.predecessors(b)}
@@ -227,7 +285,8 @@ def region_costs(graph: nx.DiGraph, region: str, by_module: ModuleNodes | None =
     if trigger is not None:  # the engine unpacks (and the checkpoint recomputes) as the node starts
         trigger = first_of_node(graph, trigger)
     seconds = sum(float(graph.nodes[v]["cost"]) for v in recomputed)
-    return RegionCosts(region, tuple(nodes), tuple(saved), recomputed, tuple(backward), inputs, seconds, trigger)
+    return RegionCosts(region, tuple(nodes), tuple(saved), recomputed, tuple(backward), inputs, seconds, trigger,
+                       tuple(v for v in nodes if v in aliased))
 
 
 def checkpointable(graph: nx.DiGraph, region: str) -> str | None:
@@ -304,10 +363,7 @@ def region_graph(graph: nx.DiGraph, regions: Iterable[str]) -> nx.DiGraph:
         if not parts.backward:
             continue
         last = parts.backward[-1]
-        read_again = {p for v in parts.recomputed for p in graph.predecessors(v)} | \
-            {p for b in parts.backward for p in graph.predecessors(b)}
-        unread_saved = [v for v in parts.saved if v not in read_again]
-        for p in [*parts.inputs, *unread_saved]:
+        for p in parts.held_to_the_end(graph):
             if not result.has_edge(p, last):
                 result.add_edge(p, last, hold=True)
     return result
@@ -414,9 +470,7 @@ class RegionModel:
         if region not in self._parts:
             costs = region_costs(self.graph, region, self._by_module)
             index = self.index
-            read_again = {p for v in costs.recomputed for p in self.graph.predecessors(v)} | \
-                {p for b in costs.backward for p in self.graph.predecessors(b)}
-            held = [index[p] for p in costs.inputs] + [index[v] for v in costs.saved if v not in read_again]
+            held = [index[v] for v in costs.held_to_the_end(self.graph)]
             self._parts[region] = (
                 [index[v] for v in costs.recomputed], [index[b] for b in costs.backward],
                 None if costs.trigger is None else index[costs.trigger], held,
@@ -540,7 +594,9 @@ def plan_regions(graph: nx.DiGraph, budget_bytes: int, candidates: Sequence[str]
     for chosen in starts:
         least = min(least, run(chosen)[0])
         if not fits(chosen):
-            continue
+            chosen = _tighten(chosen, policies or (), run, budget_bytes) if _saves_draws(chosen) else None
+            if chosen is None:
+                continue
         relaxed = _relax(chosen, candidates, fits, out_of_time)
         relaxed = _with_policies(relaxed, policies or (), run, budget_bytes)
         if best is None or _better(run(relaxed)[1], relaxed, run(best)[1], best, base_cost * TIE):
@@ -592,6 +648,46 @@ def _with_policies(chosen: list[str], policies: Sequence[str], run, budget_bytes
                 best, best_cost = replaced, cost
         current = best
     return current
+
+
+def _saves_draws(regions: Sequence[str]) -> bool:
+    """Whether any of ``regions`` is under a policy that saves the random draws."""
+    return any(policy is not None and SAVE_POLICIES[policy].draws for policy in (split_policy(r)[1] for r in regions))
+
+
+def _tighten(chosen: list[str], policies: Sequence[str], run, budget_bytes: int) -> list[str] | None:
+    """``chosen`` made to fit ``budget_bytes``, or None: each region's other options (another policy,
+    or none) priced once against ``chosen`` (predicted peak freed, step added), then applied in order
+    of seconds added per byte freed, at most one per region, until the peak fits. A start with every
+    block under a policy that saves the random draws holds a little more than the budget at the peak
+    of every block under "matmuls" (the benchmark GPT-2: 252.0 MiB against 246.0, for +5.6% of the
+    step against +20.6%): a few blocks under a tighter policy make it fit, where dropping regions
+    (:func:`_relax`) only adds bytes. Priced once, not greedily re-priced after each change: the
+    greedy search took 20-49 s on the 6-layer GPT-2 and BERT (loaded machine)."""
+    if run([split_policy(r)[0] for r in chosen])[0] > budget_bytes:
+        return None  # a region holds the least with no policy: then no mix of policies fits either
+    peak, cost = run(chosen)
+    changes: list[tuple[float, int, str]] = []
+    for position, region in enumerate(chosen):
+        base, _ = split_policy(region)
+        for option in [base, *(f"{base}@{policy}" for policy in policies)]:
+            if option == region:
+                continue
+            trial_peak, trial_cost = run(chosen[:position] + [option] + chosen[position + 1:])
+            if trial_peak < peak:
+                changes.append(((trial_cost - cost) / (peak - trial_peak), position, option))
+    current = list(chosen)
+    changed: set[int] = set()
+    for _, position, option in sorted(changes):
+        if position in changed:
+            continue
+        trial = current[:position] + [option] + current[position + 1:]
+        if run(trial)[0] < run(current)[0]:
+            current = trial
+            changed.add(position)
+            if run(current)[0] <= budget_bytes:
+                return current
+    return None
 
 
 def _relax(chosen: list[str], candidates: Sequence[str], fits, out_of_time) -> list[str]:

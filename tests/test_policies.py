@@ -17,6 +17,7 @@ import profiler
 from models import gpt2, gpt2_inputs, hf_loss, training_step
 from planner.native import _fixed_bytes, _rng_bytes, measure_native
 from runtime.native import apply_native, remove_native
+from runtime.save_policies import UnsafeSavePolicy
 from solvers.regions import SAVE_POLICIES, evaluate, region_costs
 
 transformers = pytest.importorskip("transformers")
@@ -89,3 +90,94 @@ def test_projections_recompute_the_attention_products_that_matmuls_saves(profile
     peaks = {policy: _predicted(graph, (f"{blocks}.0@{policy}", f"{blocks}.1@{policy}"))
              for policy in ("matmuls", "projections")}
     assert peaks["projections"] < 0.95 * peaks["matmuls"], peaks
+
+
+class _CountDraws(torch.utils._python_dispatch.TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.draws = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.draws += torch.Tag.nondeterministic_seeded in func.tags
+        return func(*args, **(kwargs or {}))
+
+
+def _draws_in_backward(model, inputs, regions) -> int:
+    apply_native(model, regions)
+    try:
+        loss = hf_loss(model(**inputs))
+        with _CountDraws() as counter:
+            loss.backward()
+    finally:
+        remove_native(model)
+        model.zero_grad(set_to_none=True)
+    return counter.draws
+
+
+def test_draws_policies_do_not_draw_again_in_the_backward():
+    """CPU dropout draws in place (empty_like, bernoulli_, div_); a '+draws' policy keeps the first
+    run's buffer, so the recomputation draws nothing, where the policy without it draws again."""
+    model, inputs = _gpt2()
+    for policy, expect_draws in (("matmuls", True), ("matmuls+draws", False), ("projections+draws", False)):
+        draws = _draws_in_backward(model, inputs, [f"transformer.h.{i}@{policy}" for i in range(3)])
+        assert (draws > 0) == expect_draws, (policy, draws)
+
+
+class _Block(torch.nn.Module):
+    def __init__(self, body):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.randn(8, 8))
+        self.body = body
+
+    def forward(self, x):
+        return self.body(self, x)
+
+
+def _rewrites_an_allocation(block, x):
+    buffer = torch.empty_like(x)
+    buffer.copy_(x @ block.weight)
+    buffer.mul_(2)
+    noise = torch.empty_like(x).bernoulli_(0.5)
+    noise.div_(0.5)
+    return (buffer * noise).sin()
+
+
+def _mutates_a_read_draw(block, x):
+    noise = torch.empty_like(x).bernoulli_(0.5)
+    y = x @ block.weight * noise
+    noise.mul_(2)
+    return y * noise
+
+
+def _mutates_a_saved_matmul(block, x):
+    h = x @ block.weight
+    h.add_(1)
+    return h.sin()
+
+
+def _wrapped(body):
+    torch.manual_seed(0)
+    return torch.nn.Sequential(_Block(body), torch.nn.Linear(8, 1))
+
+
+def _grads(model, x):
+    torch.manual_seed(1)
+    model(x).sum().backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad(set_to_none=True)
+    return grads
+
+
+def test_draws_policies_replay_in_place_ops_on_saved_buffers_exactly():
+    model, x = _wrapped(_rewrites_an_allocation), torch.randn(4, 8, requires_grad=True)
+    expected = _grads(model, x)
+    apply_native(model, ["0@projections+draws"])
+    assert all(torch.equal(a, b) for a, b in zip(_grads(model, x), expected, strict=True))
+
+
+@pytest.mark.parametrize("body", [_mutates_a_read_draw, _mutates_a_saved_matmul])
+def test_draws_policies_refuse_an_in_place_op_they_cannot_replay(body):
+    model = _wrapped(body)
+    apply_native(model, ["0@matmuls+draws"])
+    with pytest.raises(UnsafeSavePolicy, match="writes in place into a tensor the policy saved"):
+        model(torch.randn(4, 8, requires_grad=True))
