@@ -65,6 +65,15 @@ def exhaustive_best(graph, budget, candidates):
     return best
 
 
+def best_block_options(model: RegionModel, blocks: list[str], budget: int) -> tuple[float, list[str]]:
+    """(cost, regions): the cheapest plan within ``budget`` where each block is not checkpointed,
+    plain, or under one of the policies, by brute force."""
+    options = [None, "", *(f"@{policy}" for policy in SAVE_POLICIES)]
+    return min((cost, regions) for combo in itertools.product(options, repeat=len(blocks))
+               for regions in [[b + o for b, o in zip(blocks, combo) if o is not None]]
+               for peak, cost in [model.peak_and_cost(regions)] if peak <= budget)
+
+
 def test_no_region_is_the_store_all_schedule():
     graph = block_chain()
     plan = evaluate(graph, ())
@@ -237,10 +246,7 @@ def test_the_search_starts_from_every_block_under_a_policy(seed):
     blocks = [c for c in candidate_regions(graph) if c.count(".") == 1]
     budget = evaluate(graph, ()).outcome.peak_bytes // 2
     model = RegionModel(graph)
-    options = [None, "", *(f"@{policy}" for policy in SAVE_POLICIES)]
-    best = min((cost, regions) for combo in itertools.product(options, repeat=len(blocks))
-               for regions in [[b + o for b, o in zip(blocks, combo) if o is not None]]
-               for peak, cost in [model.peak_and_cost(regions)] if peak <= budget)
+    best = best_block_options(model, blocks, budget)
     plan = plan_regions(graph, budget, blocks)
     assert plan.outcome.peak_bytes <= budget
     assert plan.outcome.compute_cost == pytest.approx(best[0]), (plan.regions, best[1])
@@ -324,10 +330,7 @@ def test_the_search_mixes_draws_and_tighter_blocks_to_fit():
     model = RegionModel(graph)
     budget = model.peak_and_cost([f"{b}@matmuls" for b in blocks])[0]
     assert model.peak_and_cost([f"{b}@matmuls+draws" for b in blocks])[0] > budget
-    options = [None, "", *(f"@{policy}" for policy in SAVE_POLICIES)]
-    best = min((cost, regions) for combo in itertools.product(options, repeat=len(blocks))
-               for regions in [[b + o for b, o in zip(blocks, combo) if o is not None]]
-               for peak, cost in [model.peak_and_cost(regions)] if peak <= budget)
+    best = best_block_options(model, blocks, budget)
     plan = plan_regions(graph, budget, blocks)
     assert plan.outcome.peak_bytes <= budget
     assert plan.outcome.compute_cost == pytest.approx(best[0]), (plan.regions, best[1])
