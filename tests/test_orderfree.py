@@ -381,3 +381,19 @@ def test_small_models_branch_on_pseudocosts_from_the_start(monkeypatch):
     default = OrderFreeModel(costs, budget, choose_milestones(costs)).build()
     assert default.highs.getOptionValue("mip_pscost_minreliable")[1] > 0
     assert small.solve(20).bound == pytest.approx(default.solve(20).bound)
+
+
+def test_a_solve_below_a_cost_stops_at_a_cheaper_solution_and_bounds_nothing():
+    # The repairs' re-solves seek only solutions cheaper than the schedule in hand (HiGHS's
+    # objective_bound) and stop at the first; their bound is no bound. The next solve is unbounded.
+    graph = training_graph(20, seed=20)
+    costs = node_costs(graph)
+    model = OrderFreeModel(costs, int(store_all_peak(graph) * 0.5), choose_milestones(costs)).build()
+    optimum = model.solve(20)
+    assert optimum.proven
+    cheaper = model.solve(20, below=optimum.objective * 1.05)
+    assert cheaper.objective is not None and cheaper.objective < optimum.objective * 1.05
+    assert cheaper.bound is None
+    none = model.solve(20, below=optimum.objective * 0.99)
+    assert none.objective is None and not none.layouts
+    assert model.solve(20).objective == pytest.approx(optimum.objective)

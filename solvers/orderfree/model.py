@@ -309,11 +309,14 @@ class OrderFreeModel:
         for row, own in self.memory_rows:
             self.highs.changeRowBounds(row, -highspy.kHighsInf, float(budget - own))
 
-    def solve(self, seconds: float | None, integral: bool = True, give_up=None) -> Relaxation:
+    def solve(self, seconds: float | None, integral: bool = True, give_up=None,
+              below: float | None = None) -> Relaxation:
         """Solve the MILP (or its LP relaxation) within ``seconds``: its bound and laid-out solution.
         ``give_up(seconds_run, gap)``, called as the MILP runs (``gap``: its incumbent's relative
         distance to its dual bound, ``None`` before it has one), stops it when it returns True;
-        the bound and incumbent reached stand, as at a time limit."""
+        the bound and incumbent reached stand, as at a time limit. ``below`` (seconds): only
+        solutions cheaper than this are sought (HiGHS's ``objective_bound``), and the first one found
+        ends the run; its dual bound is then no bound (left ``None``)."""
         import highspy
         import numpy as np
 
@@ -325,18 +328,24 @@ class OrderFreeModel:
         highs.changeColsIntegrality(n_cols, np.arange(n_cols, dtype=np.int32), kind)
         if seconds is not None:
             highs.setOptionValue("time_limit", max(0.01, float(seconds)))
-        _run(highs, seconds, give_up if integral else None)
+        highs.setOptionValue("objective_bound", highspy.kHighsInf if below is None else float(below))
+        _run(highs, seconds, give_up if integral else None, below if integral else None)
         status, info, kinds = highs.getModelStatus(), highs.getInfo(), highspy.HighsModelStatus
         if status in (kinds.kInfeasible, kinds.kUnboundedOrInfeasible):
-            return Relaxation(math.inf, infeasible=True)
+            # below a cut-off, infeasible says only that nothing is cheaper than ``below``
+            return Relaxation(None) if below is not None else Relaxation(math.inf, infeasible=True)
         optimal = status == kinds.kOptimal
         if integral:
             bound = info.mip_dual_bound if math.isfinite(info.mip_dual_bound) else None
         else:
             bound = info.objective_function_value if optimal else None  # a stopped LP bounds nothing
-        if bound is not None:
+        if bound is not None and below is None:
             bound -= BOUND_SAFETY * max(1.0, abs(bound))
+        else:
+            bound = None  # a search cut off at ``below`` bounds nothing
         has_solution = integral and info.primal_solution_status == 2  # kSolutionStatusFeasible
+        if has_solution and below is not None and not info.objective_function_value < below:
+            has_solution = False  # HiGHS keeps a solution above its cut-off (measured: +80% below +11.6%)
         values = highs.getSolution().col_value if has_solution else None
         layouts = self.layouts(values) if has_solution else []
         chosen = [column for column in self.c.values() if values[column] > 0.5] if has_solution else []
@@ -402,11 +411,13 @@ def _mip_gap(primal: float, dual: float) -> float | None:
     return 0.0 if primal <= 0 else max(0.0, (primal - dual) / primal) if math.isfinite(dual) else 1.0
 
 
-def _run(highs, seconds: float | None, give_up=None) -> None:
+def _run(highs, seconds: float | None, give_up=None, below: float | None = None) -> None:
     """``highs.run()`` in highspy's worker thread, cancelled ``CANCEL_GRACE`` seconds after its
     time limit (measured: a 1001-node MILP given 23 s ran for 82 s, HiGHS checking its limit too
-    seldom), when ``give_up`` says so (checked at HiGHS's MIP interrupt callbacks) and at Ctrl-C,
-    which then propagates (as :func:`solvers.ilp.backends.run_interruptibly`).
+    seldom), when ``give_up`` says so or a solution cheaper than ``below`` is found (checked at
+    HiGHS's MIP interrupt callbacks; with ``objective_bound`` at ``below``, HiGHS reports ``below``
+    as its primal bound until then) and at Ctrl-C, which then propagates (as
+    :func:`solvers.ilp.backends.run_interruptibly`).
 
     Every interrupt callback sets HiGHS's interrupt flag, to False as well: HiGHS keeps the flag
     between runs, and a run after an interrupted one stopped at once (measured: 0.1 s, no bound)."""
@@ -418,9 +429,12 @@ def _run(highs, seconds: float | None, give_up=None) -> None:
     mip = highspy.cb.HighsCallbackType.kCallbackMipInterrupt
 
     def check(event) -> None:
-        if not stop[0] and give_up is not None and event.callback_type == mip:
+        if not stop[0] and event.callback_type == mip:
             out = event.data_out
-            stop[0] = bool(give_up(out.running_time, _mip_gap(out.mip_primal_bound, out.mip_dual_bound)))
+            if give_up is not None:
+                stop[0] = bool(give_up(out.running_time, _mip_gap(out.mip_primal_bound, out.mip_dual_bound)))
+            if below is not None and out.mip_primal_bound < below * (1 - 1e-12):
+                stop[0] = True
         event.interrupt(stop[0])
 
     def cancel() -> None:
