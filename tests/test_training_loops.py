@@ -243,12 +243,14 @@ def _checkpoints(graphs) -> int:
 def test_torch_compile_captures_the_whole_planned_step_in_one_graph(case):
     """Every region in one dynamo graph: the shape guard's pytree walk, and the batch norm's
     graph-task query, once made dynamo skip the forward (7 graphs on a GPT-2 on an H100; none on a
-    CNN with batch norms: its regions ran eagerly). Equal gradients and running statistics."""
+    CNN with batch norms: its regions ran eagerly). Equal gradients and running statistics. The
+    ``+draws`` policy saves dropout's draws by op name under torch.compile (runtime/save_policies.py):
+    the compiled step must still draw the eager step's masks."""
     from models import cnn
 
     if case.startswith("gpt2"):
         build, regions = (lambda: gpt2(layers=2, embd=32, heads=2, vocab=64, positions=16)), \
-            ["transformer.h.0@projections", "transformer.h.1.mlp@matmuls"]
+            ["transformer.h.0@projections", "transformer.h.1.mlp@matmuls+draws"]
         batches = [((), gpt2_inputs(batch=2, tokens=16, vocab=64)) for _ in range(2)]
         loss_fn = hf_loss
     else:
