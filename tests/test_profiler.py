@@ -304,7 +304,8 @@ def test_an_lstm_plans_and_runs_with_the_same_gradients():
     dropout after it drew other masks than eager's (profiler/dropout.py). The stack of every layer's
     final states, unused, held every layer's workspace to the end of the forward until dead code
     was dropped (profiler/capture.py): the least budget was 84% of the peak. (GRU is traced step by
-    step, in aten ops: tests/test_zoo.py has one.)"""
+    step, in aten ops: tests/test_zoo.py has one.) The default run's only traced LSTM plan: the zoo's
+    nn-lstm, the same model, runs under -m zoo (tests/test_zoo.py's COVERED_ELSEWHERE)."""
     import planner
 
     model = RecurrentLM(torch.nn.LSTM)

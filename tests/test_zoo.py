@@ -48,7 +48,16 @@ def check(case, executor: str):
 # The subsets are small to keep the default run within its time: the fallback path (nn-control-flow)
 # is covered by tests/test_models.py, the dropout masks of a ViT on nn.TransformerEncoder (nn-vit)
 # by tests/test_profiler.py's transposed-activation test; both run under -m zoo.
-@pytest.mark.parametrize("case", [pytest.param(c, id=c.name) for c in CASES if c.fast])
+# nn-lstm (Case.fast) runs under -m zoo only: tests/test_profiler.py::
+# test_an_lstm_plans_and_runs_with_the_same_gradients plans the same RecurrentLM (a 4-layer LSTM of
+# hidden size 64 on 8x32 ids, dropout on) with dp at 50% through the traced executor and checks what
+# this case checks (measured peak within the budget and 2% of the prediction; loss, gradients and RNG
+# bit for bit), in about a third of the time (this case: 17 s on a quiet machine).
+COVERED_ELSEWHERE = {"nn-lstm"}
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, id=c.name) for c in CASES
+                                  if c.fast and c.name not in COVERED_ELSEWHERE])
 def test_fast_subset(case):
     rows = check(case, "traced")
     assert all(row.plan_kind == "traced" for row in rows)
