@@ -204,7 +204,8 @@ def main() -> None:
         f"one thread, load average {started_load[0]:.1f} at the start and {ended_load[0]:.1f} at the end, 2 cores "
         "shared with other jobs). Each model planned with every save policy (`all`) and with `matmuls` alone, on one "
         "profile; budgets as `planner.plan`'s `\"N%\"`, of the eager step's measured peak. Regions: `h.3` a "
-        "block checkpointed whole, `@M` under `matmuls`, `@P` under `projections` (solvers/regions.py "
+        "block checkpointed whole, `@M` under `matmuls`, `@P` under `projections`, `+draws` keeping dropout's "
+        "random draws as well (solvers/regions.py "
         "SAVE_POLICIES; docs/native.md, \"Save policies\"). Measured peak: the plan's own measurement (one step, "
         "the allocator's events). Measured step: CPU time over eager's, stepped in turn, median of the rounds.",
         "",
