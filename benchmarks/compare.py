@@ -159,7 +159,7 @@ def _native_rows(bench: Benchmark, base, inputs, rows: dict, modules: dict, with
             rows[key] = _failed_row(key, "native", budget if isinstance(budget, int) else None, label, error)
             continue
         rows[key] = _plan_row(key, "native", plan, label, time.perf_counter() - started)
-        rows[key].note = f"{len(plan.regions)} region(s): {', '.join(plan.regions)}"[:120]
+        rows[key].note = f"{len(plan.regions)} region(s): {', '.join(plan.regions)}"  # whole: the record of the plan
         modules[key] = planner.apply(model, plan)
         gc.collect()
         rows[key].measured_peak = profiler.measure_step(model, inputs, loss_fn=bench.loss_fn, repeats=1).peak_bytes
@@ -199,7 +199,7 @@ def _compiled_native_rows(bench: Benchmark, base, inputs, rows: dict, modules: d
             continue
         rows[key] = _plan_row(key, "compiled-native", plan, label, time.perf_counter() - started)
         rows[key].status = f"{plan.compiles} compiles in planning"
-        rows[key].note = f"{len(plan.regions)} region(s): {', '.join(plan.regions)}"[:120]
+        rows[key].note = f"{len(plan.regions)} region(s): {', '.join(plan.regions)}"  # whole: the record of the plan
         modules[key] = torch.compile(planner.apply(model, plan))
         started = time.perf_counter()
         training_step(modules[key], inputs, bench.loss_fn)  # compiles forward and backward
@@ -492,6 +492,13 @@ def main(argv=None) -> int:
     parser.add_argument("--redraw", action="store_true",
                         help="measure nothing: rewrite each model's table and plot from its JSON in --out")
     args = parser.parse_args(argv)
+    if args.summary or args.redraw:
+        missing = [name for name in args.models.split(",")
+                   if not os.path.isfile(os.path.join(args.out, f"{name}.json"))]
+        if missing:
+            parser.error(f"--summary and --redraw read a model's results from --out: no "
+                         f"{', '.join(f'{name}.json' for name in missing)} in {args.out} (run the models first, "
+                         "with the same --out)")
     os.makedirs(args.out, exist_ok=True)
     fractions = [float(f) for f in args.budgets.split(",")]
     for name in args.models.split(","):
