@@ -342,10 +342,10 @@ class OrderFreeModel:
             bound = info.mip_dual_bound if math.isfinite(info.mip_dual_bound) else None
         else:
             bound = info.objective_function_value if optimal else None  # a stopped LP bounds nothing
-        if bound is not None and below is None:
-            bound -= BOUND_SAFETY * max(1.0, abs(bound))
-        else:
+        if below is not None:
             bound = None  # a search cut off at ``below`` bounds nothing
+        elif bound is not None:
+            bound -= BOUND_SAFETY * max(1.0, abs(bound))
         has_solution = integral and info.primal_solution_status == 2  # kSolutionStatusFeasible
         if has_solution and below is not None and not info.objective_function_value < below:
             has_solution = False  # HiGHS keeps a solution above its cut-off (measured: +80% below +11.6%)
