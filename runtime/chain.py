@@ -22,8 +22,6 @@ call with a tensor input larger in any dimension than the planned one is refused
 from __future__ import annotations
 
 import functools
-import hashlib
-import json
 import re
 from collections.abc import Iterable
 
@@ -31,20 +29,9 @@ import torch
 import torch.utils._pytree as pytree
 import torch.utils.checkpoint as torch_checkpoint
 
+from .fingerprint import module_fingerprint
 from .module import PlanMismatch, copy_module_tree
 from .native import ShapeTooLarge
-
-
-def module_fingerprint(model: torch.nn.Module, blocks: Iterable[str]) -> str:
-    """A hash of what a module-chain plan depends on: the model's class, its parameters' and
-    buffers' names, shapes and dtypes, and the block paths. Two builds of the same architecture
-    have the same fingerprint; another architecture or a renamed block does not."""
-    state = [
-        [name, list(t.shape), str(t.dtype)]
-        for name, t in [*model.named_parameters(), *model.named_buffers()]
-    ]
-    text = json.dumps({"class": type(model).__name__, "state": state, "blocks": list(blocks)}, sort_keys=True)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def _checkpointed_forward(self, *args, **kwargs):

@@ -39,6 +39,7 @@ import torch
 import torch.utils._pytree as pytree
 import torch.utils.checkpoint as torch_checkpoint
 
+from .fingerprint import module_fingerprint
 from .module import PlanMismatch
 from .guards import fsdp2_sharded
 from .rnn import install_for_regions, remove_rnn_stages
@@ -231,9 +232,7 @@ def apply_native(model: torch.nn.Module, regions, planned_shapes: dict | None = 
 def apply_native_plan(model: torch.nn.Module, plan) -> torch.nn.Module:
     """:func:`apply_native` of a native plan (``regions``, ``input_shapes``, ``fingerprint``), after
     checking that ``model`` is the planned architecture: the same class, parameter and buffer names,
-    shapes and dtypes (runtime.chain.module_fingerprint). Returns ``model``."""
-    from .chain import module_fingerprint  # chain imports module, which this file's import needs first
-
+    shapes and dtypes (runtime.fingerprint.module_fingerprint). Returns ``model``."""
     remove_native(model)
     sharded = fsdp2_sharded(model)
     if sharded:

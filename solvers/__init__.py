@@ -16,9 +16,6 @@ from .liveness import schedule_from_computes
 from .schedule import Schedule, SolverInfo
 from .simulate import Simulation, simulate
 
-# Repeated blocks planned once per class, a chain program over them, the order-free bound (solvers/hierarchical.py).
-METHODS.setdefault("hierarchical", "solvers.hierarchical:solve_hierarchical")
-
 __all__ = [
     "METHODS",
     "Infeasible",

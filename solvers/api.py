@@ -8,7 +8,7 @@ import numbers
 import time
 from collections.abc import Callable
 
-from .errors import Infeasible
+from .errors import Infeasible, SolverUnavailable
 from .graph import validate
 from .options import check_options
 from .schedule import Schedule
@@ -27,14 +27,25 @@ METHODS: dict[str, str] = {
     "cpsat": "solvers.cpsat:solve_cpsat",
     "exhaustive": "solvers.exhaustive:solve_exhaustive",
     "orderfree": "solvers.orderfree:solve_orderfree",
+    # Repeated blocks planned once per class, a chain program over them, the order-free bound.
+    "hierarchical": "solvers.hierarchical:solve_hierarchical",
 }
+
+# "auto" is no method of its own but a portfolio of them (solvers/auto.py), found like one: by name,
+# so that this dispatcher imports no method and every method may ask it for another's schedule.
+AUTO = "solvers.auto:solve_auto"
 
 
 def method_function(method: str) -> Callable[..., Schedule]:
     if method not in METHODS:
         accepted = ", ".join(["auto", *METHODS])
         raise ValueError(f"unknown method {method!r}; accepted: {accepted}")
-    module_name, function_name = METHODS[method].split(":")
+    return _resolve(METHODS[method])
+
+
+def _resolve(entry: str) -> Callable[..., Schedule]:
+    """The function named by a registry entry ``"module:function"``."""
+    module_name, function_name = entry.split(":")
     return getattr(importlib.import_module(module_name), function_name)
 
 
@@ -64,10 +75,7 @@ def solve(graph, budget_bytes, method: str = "auto", time_limit: float | None = 
     budget = check_budget(budget_bytes)
     if time_limit is not None and not (isinstance(time_limit, numbers.Real) and time_limit > 0):
         raise ValueError(f"time_limit must be a positive number of seconds, got {time_limit!r}")
-    if method == "auto":
-        from .auto import solve_auto as function
-    else:
-        function = method_function(method)
+    function = _resolve(AUTO) if method == "auto" else method_function(method)
     check_options(method, function, options)
     started = time.perf_counter()
     try:
@@ -89,3 +97,17 @@ def solve(graph, budget_bytes, method: str = "auto", time_limit: float | None = 
         predicted_peak_bytes=outcome.peak_bytes,
         compute_cost=outcome.compute_cost,
     )
+
+
+def schedule_from(graph, budget: int, method: str, time_limit: float | None) -> Schedule | None:
+    """``method``'s schedule of ``graph`` within ``budget`` bytes (checked by :func:`solve`), or
+    ``None`` when the method has none to give: infeasible, out of time, or its library missing. How a
+    method asks another for a warm start or a hint.
+
+    Only those three are caught: a method that fails otherwise (an invalid schedule, a crash) is a
+    bug that must be seen, not a warm start fewer.
+    """
+    try:
+        return solve(graph, budget, method=method, time_limit=time_limit)
+    except (Infeasible, TimeoutError, SolverUnavailable):
+        return None

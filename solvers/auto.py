@@ -28,7 +28,9 @@ hand. Without it the fast methods run unlimited and the exact ones share
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 
+from .api import solve
 from .errors import Infeasible, SolverUnavailable
 from .schedule import Schedule
 from .simulate import simulate
@@ -84,21 +86,24 @@ OPTIMALITY_TOLERANCE = 1e-7
 
 
 def solve_auto(graph, budget: int, time_limit: float | None = None) -> Schedule:
-    from .api import solve  # the checked entry point; imported here to avoid a cycle
-
     store_all = store_all_schedule(graph)
     if simulate(graph, store_all).peak_bytes <= budget:
         return store_all.with_info(
             method="store-all", status="optimal", gap=0.0,
             message="auto: store-all, the step fits the budget without recomputation",
         )
-    # time_limit bounds auto as a whole: each method gets at most what is left of it.
-    deadline = None if time_limit is None else time.perf_counter() + time_limit
-    tried: list[tuple[str, Schedule | None]] = []
-    minimums: list[int] = []
+    methods, share = _portfolio(graph)
+    run = _Run(graph, budget, time_limit, share)
+    for method in methods:
+        if not run.worth_starting(method):
+            break
+        run.attempt(method)
+    return _certified(run.tried, run.minimums, budget)
+
+
+def _portfolio(graph) -> tuple[list[str], float]:
+    """The methods auto runs on ``graph``, in order, and the relaxation's share of the exact seconds."""
     nodes = graph.number_of_nodes()
-    exact_seconds = time_limit or DEFAULT_EXACT_SECONDS
-    exact_started = None
     methods = list(FAST_METHODS)
     share = ORDERFREE_SHARE
     if nodes <= ORDERFREE_MAX_NODES:
@@ -114,33 +119,72 @@ def solve_auto(graph, budget: int, time_limit: float | None = None) -> Schedule:
         methods.append("cpsat")
     else:  # nothing runs after the relaxation: it gets nearly all the exact seconds
         share = max(share, SOLE_EXACT_SHARE)
-    for method in methods:
-        if method in ("orderfree", "hierarchical") and not any(s is not None for _, s in tried):
-            share = max(share, SOLE_EXACT_SHARE)  # no fast schedule fits: little for cpsat after it
-        if method == "cpsat" and _proven(tried):
-            break  # the order-free bound already proves the cheapest schedule optimal
-        left = None if deadline is None else deadline - time.perf_counter()
-        if left is not None and left <= 0 and any(s is not None for _, s in tried):
-            break  # out of time, with a schedule to return
-        limit, options = left, {}
+    return methods, share
+
+
+@dataclass
+class _Run:
+    """One auto call's methods as they run: what each returned, the minimums they proved, and the
+    time left to the next (``time_limit`` bounds auto as a whole: each method gets at most what is
+    left of it)."""
+
+    graph: object
+    budget: int
+    time_limit: float | None
+    share: float
+    tried: list[tuple[str, Schedule | None]] = field(default_factory=list)
+    minimums: list[int] = field(default_factory=list)
+    exact_started: float | None = None
+
+    def __post_init__(self):
+        self.deadline = None if self.time_limit is None else time.perf_counter() + self.time_limit
+        self.exact_seconds = self.time_limit or DEFAULT_EXACT_SECONDS
+
+    def _found_any(self) -> bool:
+        return any(s is not None for _, s in self.tried)
+
+    def _left(self) -> float | None:
+        return None if self.deadline is None else self.deadline - time.perf_counter()
+
+    def worth_starting(self, method: str) -> bool:
+        if method == "cpsat" and _proven(self.tried):
+            return False  # the order-free bound already proves the cheapest schedule optimal
+        left = self._left()
+        return not (left is not None and left <= 0 and self._found_any())  # out of time, with a schedule
+
+    def _limit(self, method: str) -> float | None:
+        """Seconds ``method`` gets: what is left; the relaxation its share of the exact seconds; cpsat
+        without a time limit what the relaxation left of them, at least a share."""
+        left = self._left()
+        limit = left
         if method in ("orderfree", "hierarchical"):
-            exact_started = time.perf_counter()
-            limit = exact_seconds * share if left is None else min(exact_seconds * share, left)
-            if method == "hierarchical":  # it starts its relaxation from the fast methods' schedules
-                options["starts"] = [s for _, s in tried if s is not None]
-        elif method == "cpsat" and left is None:  # what the relaxation left of the exact seconds, at least a share
-            used = time.perf_counter() - (exact_started or time.perf_counter())
-            limit = max(exact_seconds - used, exact_seconds * (1 - share) / 2)
-        if limit is not None:
-            limit = max(limit, MIN_METHOD_SECONDS)
+            if not self._found_any():
+                self.share = max(self.share, SOLE_EXACT_SHARE)  # no fast schedule fits: little for cpsat after it
+            self.exact_started = time.perf_counter()
+            limit = self.exact_seconds * self.share if left is None else min(self.exact_seconds * self.share, left)
+        elif method == "cpsat" and left is None:
+            used = time.perf_counter() - (self.exact_started or time.perf_counter())
+            limit = max(self.exact_seconds - used, self.exact_seconds * (1 - self.share) / 2)
+        return None if limit is None else max(limit, MIN_METHOD_SECONDS)
+
+    def attempt(self, method: str) -> None:
+        limit = self._limit(method)
+        options = {}
+        if method == "hierarchical":  # it starts its relaxation from the fast methods' schedules
+            options["starts"] = [s for _, s in self.tried if s is not None]
         try:
-            tried.append((method, solve(graph, budget, method=method, time_limit=limit, **options)))
+            self.tried.append((method, solve(self.graph, self.budget, method=method, time_limit=limit, **options)))
         except Infeasible as error:
-            tried.append((method, None))
+            self.tried.append((method, None))
             if error.min_budget is not None:
-                minimums.append(int(error.min_budget))
+                self.minimums.append(int(error.min_budget))
         except (TimeoutError, SolverUnavailable):
-            tried.append((method, None))
+            self.tried.append((method, None))
+
+
+def _certified(tried, minimums: list[int], budget: int) -> Schedule:
+    """The cheapest schedule tried, its status and gap against the best bound any method proved, and
+    a message saying which method won and what certifies it. Raises Infeasible when none fits."""
     found = [(m, s) for m, s in tried if s is not None]
     names = ", ".join(m for m, _ in tried)
     if not found:

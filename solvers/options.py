@@ -1,12 +1,9 @@
-"""What every method shares about how it is called: its options, its default time limit, and how
-it asks another method for a schedule (a warm start, a hint).
+"""What every method shares about how it is called: its options and its default time limit.
 
 - :func:`check_options`: an option a method does not take is refused, by every method alike, with a
   ``TypeError`` that names the options it accepts (a misspelt ``slotz=3`` must not be ignored).
 - :data:`DEFAULT_TIME_LIMIT`: the seconds a searching method (``ilp``, ``cpsat``, ``exhaustive``)
   takes when the caller gives no limit, so that no call runs unbounded.
-- :func:`schedule_from`: another method's schedule, or ``None`` when that method cannot give one
-  (infeasible, out of time, its library missing). Anything else is a bug and propagates.
 """
 
 from __future__ import annotations
@@ -14,7 +11,6 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable
 
-from .errors import Infeasible, SolverUnavailable
 from .schedule import Schedule
 
 # Seconds a searching method may take when the caller gives no time limit (docs/solvers.md): long
@@ -46,18 +42,3 @@ def check_options(method: str, function: Callable[..., Schedule], options: dict)
     if unknown:
         takes = ", ".join(f"{name}=" for name in ("time_limit", *accepted))
         raise TypeError(f"{method}: unknown option(s) {', '.join(map(repr, unknown))}; it accepts {takes}")
-
-
-def schedule_from(graph, budget: int, method: str, time_limit: float | None) -> Schedule | None:
-    """``method``'s schedule of ``graph`` within ``budget`` bytes (checked by :func:`solvers.solve`),
-    or ``None`` when the method has none to give: infeasible, out of time, or its library missing.
-
-    Only those three are caught: a method that fails otherwise (an invalid schedule, a crash) is a
-    bug that must be seen, not a warm start fewer.
-    """
-    from .api import solve  # late: api imports the methods lazily, some of which import this module
-
-    try:
-        return solve(graph, budget, method=method, time_limit=time_limit)
-    except (Infeasible, TimeoutError, SolverUnavailable):
-        return None

@@ -321,7 +321,7 @@ def test_progress_off_a_terminal_is_a_line_per_phase_and_quiet_is_quiet(folder):
 def test_verbose_logs_the_tools_loggers(capsys):
     import logging
 
-    from planner.cli.command import setup_logging
+    from planner.cli.verbosity import setup_logging
 
     setup_logging(1)
     try:

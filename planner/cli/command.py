@@ -21,10 +21,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import logging
 import os
 import sys
 import warnings
+
+from .verbosity import add_verbosity, setup_logging
 
 EXIT_USAGE = 2
 EXIT_INFEASIBLE = 3
@@ -82,24 +83,6 @@ def _time_limit(text: str) -> float:
     if not 0 < value < float("inf"):  # nan fails both
         raise argparse.ArgumentTypeError(f"{text!r} is not a time limit; give a positive number of seconds (e.g. 30)")
     return value
-
-
-def add_verbosity(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_mutually_exclusive_group()
-    group.add_argument("-v", "--verbose", action="count", default=0,
-                       help="log what the solvers do on stderr (-vv: in detail)")
-    group.add_argument("-q", "--quiet", action="store_true", help="no progress lines on stderr, only errors and warnings")
-
-
-def setup_logging(verbose: int) -> None:
-    """-v: the tool's loggers (solvers.ilp, solvers.cpsat...) at INFO on stderr; -vv: DEBUG."""
-    if verbose:
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("plan-checkpoints: %(name)s: %(message)s"))
-        for name in ("planner", "solvers", "profiler", "runtime"):
-            logger = logging.getLogger(name)
-            logger.addHandler(handler)
-            logger.setLevel(logging.INFO if verbose == 1 else logging.DEBUG)
 
 
 def _plan_parser() -> argparse.ArgumentParser:

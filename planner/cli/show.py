@@ -25,7 +25,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _parser() -> argparse.ArgumentParser:
-    from .command import add_verbosity
+    from .verbosity import add_verbosity
 
     parser = _Parser(prog="plan-checkpoints show", description="Describe a saved plan; optionally plot its memory.")
     parser.add_argument("plan", help="a plan file written by plan-checkpoints")

@@ -49,7 +49,7 @@ def _parser() -> argparse.ArgumentParser:
                         help="where measured op times are kept between sweeps (default: OUT/.profile-cache)")
     parser.add_argument("--no-cache", action="store_true", help="time every model afresh and keep nothing")
     parser.add_argument("--retry-failed", action="store_true", help="run failed runs again (finished ones are kept)")
-    from ..cli.command import add_verbosity
+    from ..cli.verbosity import add_verbosity
 
     add_verbosity(parser)
     return parser
@@ -227,7 +227,7 @@ def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
     if args.jobs < 1:
         raise BatchUsageError(f"--jobs must be at least 1, got {args.jobs}")
-    from ..cli.command import setup_logging
+    from ..cli.verbosity import setup_logging
 
     setup_logging(args.verbose)
     sweep = load_sweep(args.config)  # every error in the file before any work

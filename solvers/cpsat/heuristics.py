@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from ..clock import Clock
 from ..graph import NodeCosts
 from ..liveness import schedule_from_computes
-from ..options import schedule_from
+from ..api import schedule_from
 from ..schedule import Schedule
 from ..simulate import Simulation, simulate
 from .counts import counts_of
@@ -66,7 +66,7 @@ def checked(graph, costs: NodeCosts, computes: Sequence[int], budget: int | None
 
 def heuristic_schedules(graph, budget: int, clock: Clock) -> list[Schedule]:
     """Schedules of the quick methods within the budget (hints). A method that is infeasible, out
-    of time or unavailable gives none (:func:`solvers.options.schedule_from`); any other failure
+    of time or unavailable gives none (:func:`solvers.api.schedule_from`); any other failure
     is a bug in it and propagates."""
     found = []
     for method in HEURISTIC_METHODS:

@@ -15,7 +15,8 @@ from ..clock import Clock
 from ..errors import Infeasible, SolverTimeout, SolverUnavailable
 from ..graph import node_costs
 from ..liveness import drop_redundant_computes, schedule_from_computes
-from ..options import schedule_from, time_limit_or_default
+from ..api import schedule_from
+from ..options import time_limit_or_default
 from ..schedule import FEASIBLE, OPTIMAL, Schedule
 from ..simulate import simulate
 from ..store_all import store_all_schedule

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 from ..clock import Clock
 from ..errors import SolverTimeout
-from ..options import schedule_from
+from ..api import schedule_from
 from ..schedule import FEASIBLE, OPTIMAL, OPTIMAL_IN_ORDER, Schedule, SolverInfo
 from ..simulate import simulate
 from .model import CheckmateModel
@@ -43,7 +43,7 @@ def warm_start_candidates(graph, budget: int, deadline: Clock) -> list[Candidate
     """Schedules from the heuristic methods that fit ``budget``, cheapest first.
 
     A method that is infeasible, out of time or unavailable gives none
-    (:func:`solvers.options.schedule_from`); any other failure of it is a bug and propagates.
+    (:func:`solvers.api.schedule_from`); any other failure of it is a bug and propagates.
     """
     found = []
     for method in WARM_START_METHODS:

@@ -9,7 +9,8 @@ from ..clock import Clock
 from ..errors import Infeasible, SolverTimeout, SolverUnavailable
 from ..graph import NodeCosts, node_costs
 from ..liveness import drop_redundant_computes, schedule_from_computes
-from ..options import schedule_from, time_limit_or_default
+from ..api import schedule_from, solve
+from ..options import time_limit_or_default
 from ..schedule import FEASIBLE, OPTIMAL, Schedule
 from ..simulate import simulate
 from .model import METHOD, OrderFreeModel, Relaxation, choose_milestones
@@ -242,8 +243,6 @@ def _started_from_ilp(search: _Search, model: OrderFreeModel, probe: Relaxation,
     of that schedule and the probe's incumbent. Its result, with the better of the two solves' bounds
     (the same model at the same budget: both hold)."""
     import numpy as np
-
-    from ..api import solve
 
     costs, clock = search.costs, search.clock
     try:
