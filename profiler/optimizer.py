@@ -91,15 +91,16 @@ def _storage_bytes(storage: torch.UntypedStorage, device: torch.device) -> int:
 class LiveStorages(TorchDispatchMode):
     """Bytes of the storages alive, and their most at once, over the ops run under this mode.
 
-    A storage counts from the op that returned it (or from :meth:`track`) until Python collects it
+    Only storages on ``device`` count, when one is given. A storage counts from the op that returned it (or from :meth:`track`) until Python collects it
     (a weak reference's callback). ``peak_bytes`` is read after every op, while the op's inputs and
     outputs are both alive, plus the wrapped scalars it holds meanwhile (module docstring). Use it
     inside a ``FakeTensorMode``: it also answers ``.item()`` on a fake tensor (an optimizer's step
     count, NAdam's running product) with 1, or 0.5 for a float: values no size depends
     on, and none that makes a bias correction divide by zero."""
 
-    def __init__(self):
+    def __init__(self, device: torch.device | None = None):
         super().__init__()
+        self.device = device  # only storages on this device count (None: all)
         self.live_bytes = 0
         self.peak_bytes = 0
         self._sizes: dict[int, int] = {}
@@ -107,6 +108,8 @@ class LiveStorages(TorchDispatchMode):
 
     def track(self, tensor: torch.Tensor) -> None:
         """Count ``tensor``'s storage as live (once, however many tensors view it)."""
+        if self.device is not None and tensor.device != self.device:
+            return  # a CUDA optimizer's step counts live on the CPU (torch's default, not capturable)
         storage = tensor.untyped_storage()
         key = id(storage)
         if key in self._sizes:
@@ -195,7 +198,8 @@ def measure_optimizer(recipe: OptimizerRecipe, with_gradient: Callable[[torch.Te
 
         groups = [{**{k: twin(v) if isinstance(v, torch.Tensor) else v for k, v in options.items()},
                    "params": [twin(p) for p in params]} for params, options in recipe.groups]
-        tracker = LiveStorages()
+        devices = [p.device for params, _ in recipe.groups for p in params]
+        tracker = LiveStorages(devices[0] if devices else None)  # the parameters' device: the budget's
         for params, _ in recipe.groups:
             for p in params:
                 fake = twin(p)

@@ -117,7 +117,7 @@ def _plan_parser() -> argparse.ArgumentParser:
     parser.add_argument("model", help="model file defining build_model() and example_inputs()")
     parser.add_argument("--budget", required=True,
                         help=f"peak memory of the whole step on one device (with several processes, each "
-                             f"rank's own): {ACCEPTED_FORMS}".replace("%", "%%"))  # argparse formats help with %
+                             f"rank's own; with --optimizer, of the whole iteration): {ACCEPTED_FORMS}".replace("%", "%%"))  # argparse formats help with %
     parser.add_argument("--solver", default="auto", choices=_methods(), help="solver (default: auto)")
     parser.add_argument("--executor", default=None, choices=["native", "traced"],
                         help="what runs the plan: native (torch.utils.checkpoint on the model's modules; the default "
