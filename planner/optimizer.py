@@ -192,8 +192,8 @@ def step_over_budget(iteration: IterationMemory, budget_text: str, budget_bytes:
     return (f"budget {budget_text} ({format_bytes(budget_bytes)}) is below what the optimizer's step needs: "
             f"{format_bytes(iteration.step_peak_bytes)} ({iteration.step_peak_bytes} bytes: parameters, gradients, "
             f"outputs and its state of {format_bytes(iteration.state_bytes)}, plus its temporaries; {iteration.optimizer}); "
-            "checkpointing does not lower it: give a larger budget, or an optimizer that holds less (a fused or "
-            "for-loop step allocates less than foreach)")
+            "checkpointing does not lower it: give a larger budget, or an optimizer step that allocates less (a fused "
+            "one allocates no temporaries)")
 
 
 __all__ = ["ACCEPTED_OPTIMIZERS", "IMPLEMENTATIONS", "IterationMemory", "NO_OPTIMIZER", "OPTIMIZER_NAMES",
