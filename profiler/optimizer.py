@@ -91,8 +91,8 @@ def _storage_bytes(storage: torch.UntypedStorage, device: torch.device) -> int:
 class LiveStorages(TorchDispatchMode):
     """Bytes of the storages alive, and their most at once, over the ops run under this mode.
 
-    Only storages on ``device`` count, when one is given. A storage counts from the op that returned it (or from :meth:`track`) until Python collects it
-    (a weak reference's callback). ``peak_bytes`` is read after every op, while the op's inputs and
+    Only storages on ``device`` count, when one is given. A storage counts from the op that returned
+    it (or from :meth:`track`) until Python collects it (a weak reference's callback). ``peak_bytes`` is read after every op, while the op's inputs and
     outputs are both alive, plus the wrapped scalars it holds meanwhile (module docstring). Use it
     inside a ``FakeTensorMode``: it also answers ``.item()`` on a fake tensor (an optimizer's step
     count, NAdam's running product) with 1, or 0.5 for a float: values no size depends
