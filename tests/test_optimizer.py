@@ -26,10 +26,9 @@ ITERATIONS = 3
 SIZES = dict(layers=2, embd=64, heads=4, vocab=1000, positions=64)
 
 
-def _parameters():
+def _parameters(dtype=torch.float32):
     torch.manual_seed(0)
-    params = [torch.nn.Parameter(torch.randn(1000, 100)), torch.nn.Parameter(torch.randn(100)),
-              torch.nn.Parameter(torch.randn(50, 30)), torch.nn.Parameter(torch.randn(7))]
+    params = [torch.nn.Parameter(torch.randn(*shape, dtype=dtype)) for shape in ((1000, 100), (100,), (50, 30), (7,))]
     for p in params[:3]:  # the last gets no gradient: an optimizer skips it
         p.grad = torch.randn_like(p)
     return params
@@ -51,10 +50,12 @@ OPTIMIZERS = {
 }
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("name", list(OPTIMIZERS))
-def test_sizes_on_fake_tensors_equal_the_allocators_events(name):
-    """State, first step and later step: the fake run's figures are the real step's, to the byte."""
-    params = _parameters()
+def test_sizes_on_fake_tensors_equal_the_allocators_events(name, dtype):
+    """State, first step and later step: the fake run's figures are the real step's, to the byte
+    (bfloat16: the wrapped scalars' casts are 2 bytes)."""
+    params = _parameters(dtype)
     optimizer = OPTIMIZERS[name](params)
     fake = optimizer_memory(optimizer, lambda p: p.grad is not None)
     real = []
@@ -65,7 +66,7 @@ def test_sizes_on_fake_tensors_equal_the_allocators_events(name):
     (first_peak, state), (later_peak, _) = real
     assert (fake.state_bytes, fake.first_step_bytes, fake.later_step_bytes) == (state, first_peak, later_peak)
     if "sgd" not in name:
-        assert fake.state_bytes >= 2 * 4 * (100_000 + 100 + 1_500)  # two moments of the parameters with gradients
+        assert fake.state_bytes >= 2 * dtype.itemsize * (100_000 + 100 + 1_500)  # two moments of the parameters with gradients
 
 
 def test_measuring_leaves_the_optimizer_and_its_parameters_alone():
@@ -144,8 +145,13 @@ def test_without_the_optimizer_the_same_budget_is_exceeded(gpt_profile, unplanne
     assert _iteration_peak(trained, nanogpt_adamw(trained)) > 0.60 * unplanned_iteration
 
 
-def test_sgd_momentum_iteration_within_the_budget_and_the_prediction(gpt_profile):
-    plan, measured = _planned_run(gpt_profile, "60%", sgd_momentum)
+@pytest.fixture(scope="module")
+def sgd_run(gpt_profile):
+    return _planned_run(gpt_profile, "60%", sgd_momentum)
+
+
+def test_sgd_momentum_iteration_within_the_budget_and_the_prediction(sgd_run):
+    plan, measured = sgd_run
     trainable = sum(p.numel() * p.element_size() for p in _model().parameters())
     assert plan.optimizer_state_bytes == trainable  # one momentum buffer per parameter, the tied one once
     assert measured <= plan.budget_bytes
@@ -178,10 +184,9 @@ def test_a_budget_below_the_optimizer_step_says_so(gpt_profile):
     assert raised.value.min_budget > 2_000_000
 
 
-def test_the_plan_file_records_the_optimizer_and_old_files_still_load(gpt_profile, tmp_path):
-    model, profile = gpt_profile
-    plan = planner.plan(model, _inputs(), "8MB", loss_fn=hf_loss, profile=profile, optimizer="sgd-momentum")
-    assert plan.optimizer.startswith("sgd-momentum (SGD")
+def test_the_plan_file_records_the_optimizer_and_old_files_still_load(sgd_run, tmp_path):
+    plan, _ = sgd_run
+    assert plan.optimizer.startswith("SGD, 1 param group, momentum 0.9")
     assert "Optimizer:" in plan.summary() and "whole iteration" in plan.summary()
     path = tmp_path / "plan.json"
     plan.save(path)
