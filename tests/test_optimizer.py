@@ -236,3 +236,18 @@ def test_the_command_line_refuses_an_unknown_optimizer_in_one_line(tmp_path):
                  cwd=tmp_path)
     assert_clean_error(result, 2, "--optimizer", "'lion'", "adamw", "sgd-momentum")
     assert not (tmp_path / "plan.json").exists()
+
+
+def test_ddp_buckets_are_live_at_the_step_too(gpt_profile):
+    """distributed='ddp' with an optimizer: the buckets (a copy of the trainable parameters) are held
+    while the step runs, so its peak is that much higher. Predicted only (measure=False)."""
+    from planner.budget import parse_budget
+    from planner.native import plan_native
+
+    model, profile = gpt_profile
+    plans = {wrapper: plan_native(model, _inputs(), parse_budget("12MB"), loss_fn=hf_loss, profile=profile,
+                                  measure=False, distributed=wrapper, optimizer="adamw")
+             for wrapper in (None, "ddp")}
+    buckets = sum(p.numel() * p.element_size() for p in model.parameters())
+    assert plans["ddp"].optimizer_step_peak_bytes - plans[None].optimizer_step_peak_bytes == buckets
+    assert plans["ddp"].optimizer_state_bytes == plans[None].optimizer_state_bytes > 2 * buckets
