@@ -251,3 +251,31 @@ def test_ddp_buckets_are_live_at_the_step_too(gpt_profile):
     buckets = sum(p.numel() * p.element_size() for p in model.parameters())
     assert plans["ddp"].optimizer_step_peak_bytes - plans[None].optimizer_step_peak_bytes == buckets
     assert plans["ddp"].optimizer_state_bytes == plans[None].optimizer_state_bytes > 2 * buckets
+
+
+OPTIMIZER_FN = """
+
+def build_optimizer(model):
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    rest = [p for p in model.parameters() if p.dim() < 2]
+    return torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}],
+                             foreach=True)
+
+
+def not_an_optimizer(model):
+    return "adamw"
+"""
+
+
+def test_the_command_line_takes_the_model_files_optimizer(tmp_path, capsys):
+    from test_cli import TINY_MODEL, model_file, run_here
+
+    path = model_file(tmp_path, TINY_MODEL + OPTIMIZER_FN)
+    code, out, err = run_here(capsys, path, "--budget", "70%", "--optimizer-fn", "build_optimizer",
+                              "--out", tmp_path / "plan.json", "-q")
+    assert code == 0, err
+    assert "Optimizer:         AdamW, 2 param groups, weight_decay 0.1 / 0.0, foreach True" in out
+    code, out, err = run_here(capsys, path, "--budget", "70%", "--optimizer-fn", "not_an_optimizer",
+                              "--out", tmp_path / "other.json", "-q")
+    assert code == 2 and "returned str" in err and "torch.optim.Optimizer" in err
+    assert not (tmp_path / "other.json").exists()

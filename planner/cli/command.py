@@ -140,6 +140,10 @@ def _plan_parser() -> argparse.ArgumentParser:
                         help="count the training iteration's optimizer in the budget (its state through forward and "
                              "backward, its step's temporaries after them): budget, figures and N%% are then of the "
                              "whole iteration; one of " + _optimizer_names() + " (default: the step alone)")
+    parser.add_argument("--optimizer-fn", default=None, metavar="NAME",
+                        help="as --optimizer, with the optimizer a function of the model file builds: NAME(model) "
+                             "returns a torch.optim.Optimizer over the model's parameters (its class, "
+                             "hyper-parameters and param groups are counted)")
     parser.add_argument("--max-overhead", default=None, type=_overhead,
                         help="with --max-batch: the most predicted overhead allowed, as a fraction or a "
                              "percentage (0.3 or 30%%; default: any)")
@@ -221,7 +225,9 @@ def run_plan(argv: list[str]) -> int:
     args = _plan_parser().parse_args(_join_negative_budget(argv))
     if args.max_overhead is not None and not args.max_batch:
         raise _UsageError("--max-overhead goes with --max-batch (the overhead the largest batch may cost)")
-    if args.optimizer is not None and args.max_batch:
+    if args.optimizer is not None and args.optimizer_fn is not None:
+        raise _UsageError("--optimizer and --optimizer-fn both name the optimizer: give one of them")
+    if (args.optimizer is not None or args.optimizer_fn is not None) and args.max_batch:
         raise _UsageError("--optimizer is not counted by --max-batch (its plans are traced); plan a batch size "
                           "without --max-batch to count the optimizer")
     setup_logging(args.verbose)
@@ -243,7 +249,8 @@ def run_plan(argv: list[str]) -> int:
     user_output = contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext()
     with user_output:
         with progress.task(f"Loading {args.model}"):
-            model_file = load_model_file(model_path, args.model_fn, args.inputs_fn, args.device)
+            model_file = load_model_file(model_path, args.model_fn, args.inputs_fn, args.device,
+                                         optimizer_fn=args.optimizer_fn)
         # The model's forward and loss run from here on (profiling, the fallback's measurements): a
         # sys.exit() or os._exit() in them is the model file's error, not the end of the command.
         with guarded(model_path, "in the model's forward or loss_fn"):
@@ -287,7 +294,8 @@ def _make_plan(args, model_file, budget, progress):
                                       granularity=args.granularity, solver=args.solver, executor=args.executor)
         except profiler.TraceError as error:  # planner/fallback.py: checkpoint whole blocks instead
             untraceable = error
-    if untraceable is not None and args.optimizer is not None:
+    optimizer = args.optimizer if args.optimizer is not None else model_file.optimizer
+    if untraceable is not None and optimizer is not None:
         raise api.SolverError(f"--optimizer is counted by native plans, and this model's step cannot be traced "
                               f"({untraceable.reason}): its fallback plan (whole blocks checkpointed) would not count "
                               "it; plan without --optimizer and a budget that leaves the optimizer's memory free")
@@ -301,7 +309,7 @@ def _make_plan(args, model_file, budget, progress):
     with progress.task(f"Solving with {args.solver}{limit}"):
         return api.plan(model_file.model, model_file.example_inputs, budget, solver=args.solver,
                         time_limit=args.time_limit, profile=profile, executor=args.executor,
-                        optimizer=args.optimizer)
+                        optimizer=optimizer)
 
 
 # The libraries behind the searching solvers, imported before the "Solving" line: a Ctrl-C that lands
