@@ -12,7 +12,7 @@ iteration a training loop runs::
 From the second iteration on, the optimizer's state (AdamW: two copies of the parameters and a step
 count each) is held through the forward and the backward; and ``step()`` runs while the gradients,
 the outputs and the state are held, allocating its temporaries (a for-loop AdamW: twice its largest
-parameter; a foreach one: a copy of each param group). So the iteration's peak is the larger of
+parameter; a foreach one: a copy of each param group in turn). So the iteration's peak is the larger of
 
 - the forward and backward's peak plus the state, and
 - what is held when ``step()`` starts (parameters, buffers, inputs, gradients, outputs, loss) plus
