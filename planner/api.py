@@ -20,6 +20,7 @@ from .fallback import FallbackWarning, ModuleChainPlan, measure_planned_step, pl
 from .footprint import held_besides_schedule
 from .granularity import noted, solve_over_groupings
 from .native import NativePlan, distributed_problem, plan_native
+from .optimizer import OptimizerSpecError, optimizer_problem
 from .planfile import Plan, load, profile_fields
 
 __all__ = ["BudgetInfeasible", "EXECUTORS", "profile_for", "FallbackWarning", "NativePlan", "SolverError", "Plan", "apply", "checkpoint",
@@ -53,6 +54,7 @@ def plan(
     executor: str | None = None,
     distributed: str | None = None,
     compile: bool = False,
+    optimizer=None,
 ) -> Plan:
     """Profile ``model``'s training step on ``example_inputs`` and solve for ``budget``.
 
@@ -94,6 +96,12 @@ def plan(
     A model whose forward the tracer cannot follow (Python control flow on tensor values) gets a
     :class:`planner.fallback.ModuleChainPlan` instead, with a :class:`FallbackWarning`: whole blocks
     checkpointed with torch.utils.checkpoint, its figures measured (see :func:`plan_untraceable`).
+
+    ``optimizer`` (native plans): a ``torch.optim.Optimizer`` over the model's parameters, or a name
+    (``"adamw"``, ``"sgd-momentum"``...: planner.optimizer.OPTIMIZER_NAMES). The budget, the figures
+    and a ``"N%"`` budget's base are then of the whole training iteration: zero_grad(set_to_none=True),
+    forward, backward and ``optimizer.step()``, its state held through the forward and backward and
+    its step's temporaries beside the gradients (planner/optimizer.py, sizes measured on fake tensors).
     """
     if model is None:
         raise TypeError("plan() profiles and plans a model: pass the model and its example inputs; to plan from "
@@ -102,11 +110,16 @@ def plan(
     executor = _executor(executor, solver)
     if distributed_problem(distributed):
         raise SolverError(distributed_problem(distributed) + " (docs/native.md, 'Several processes')")
+    if optimizer_problem(optimizer):
+        raise OptimizerSpecError(optimizer_problem(optimizer))
+    if optimizer is not None:
+        _check_optimizer_with(executor, compile, distributed)
     if compile:
         return _plan_compiled(model, example_inputs, parsed, solver, executor, loss_fn, time_limit, granularity,
                               profile, distributed)
     if executor == "native":
-        return _plan_native(model, example_inputs, parsed, loss_fn, time_limit, granularity, profile, distributed)
+        return _plan_native(model, example_inputs, parsed, loss_fn, time_limit, granularity, profile, distributed,
+                            optimizer)
     if distributed is not None:
         raise SolverError("distributed= is accounted for by native plans only: use executor='native' (the default)")
     if profile is None:
@@ -250,11 +263,28 @@ def _executor(executor: str | None, solver: str) -> str:
     return executor
 
 
-def _plan_native(model, example_inputs, parsed, loss_fn, time_limit, granularity, profile, distributed) -> Plan:
+def _check_optimizer_with(executor: str, compile: bool, distributed) -> None:
+    """optimizer= is counted by eager native plans, unwrapped or under DDP (planner/optimizer.py)."""
+    if executor != "native" or compile:
+        raise SolverError("optimizer= is counted by native plans only (the default executor, without compile=True): "
+                          "plan with executor='native', or without optimizer= and a budget that leaves the optimizer's "
+                          "state and step free")
+    if distributed is not None and distributed != "ddp":
+        raise SolverError("optimizer= with distributed='fsdp2' is not counted: FSDP2 keeps the optimizer's state and "
+                          "its step on each rank's shards; plan without optimizer= and leave them free in the budget")
+
+
+def _plan_native(model, example_inputs, parsed, loss_fn, time_limit, granularity, profile, distributed,
+                 optimizer=None) -> Plan:
     try:
         return plan_native(model, example_inputs, parsed, loss_fn=loss_fn, time_limit=time_limit,
-                           granularity=granularity, profile=profile, distributed=distributed)
+                           granularity=granularity, profile=profile, distributed=distributed, optimizer=optimizer)
     except profiler.TraceError as error:
+        if optimizer is not None:  # the fallback's measured blocks know nothing of the optimizer
+            raise SolverError(f"optimizer= is counted by native plans, and this model's step cannot be traced "
+                              f"({error.reason}): its fallback plan (whole blocks checkpointed, measured in this "
+                              "process) would not count it; plan without optimizer= and a budget that leaves the "
+                              "optimizer's state and step free") from None
         if distributed is not None:  # the fallback's measured blocks know nothing of the wrapper
             raise SolverError(f"distributed={distributed!r} is counted by native plans, and this model's step "
                               f"cannot be traced ({error.reason}): its fallback plan (whole blocks checkpointed, "

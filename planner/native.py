@@ -36,6 +36,7 @@ from solvers.regions import SAVE_POLICIES, RegionPlan, candidate_regions, plan_r
 from solvers.schedule import SolverInfo
 
 from .budget import Budget, format_bytes
+from .optimizer import NO_OPTIMIZER, IterationMemory, held_at_the_end, iteration_memory, step_over_budget
 from .planfile import FORMAT as PLAN_FORMAT
 from .planfile import Plan, PlanFileError, PlanWarning, _list, _text, _whole, profile_fields
 
@@ -59,6 +60,9 @@ class NativePlan(Plan):
     measured_seconds: float | None = None
     distributed: str | None = None  # the wrapper counted (describe_distributed), None for none
     wrapper_bytes: int = 0  # what it changes per device against the unwrapped step (may be negative)
+    optimizer: str | None = None  # the optimizer counted (planner/optimizer.py), None: the step alone
+    optimizer_state_bytes: int = 0  # its state, held through forward and backward
+    optimizer_step_peak_bytes: int = 0  # the most live while its step() runs (whole iteration)
 
     @property
     def executor(self) -> str:
@@ -70,11 +74,16 @@ class NativePlan(Plan):
         lines = [
             f"Model:             {self.model or '?'}; inputs {', '.join(self.inputs) or '?'}",
             "Executor:          native (torch.utils.checkpoint on the model's own modules)",
-            f"Budget:            {format_bytes(self.budget_bytes)} ({self.budget_text}) for the whole step; "
-            f"parameters, buffers, inputs and saved RNG states take {format_bytes(self.fixed_bytes)}",
+            f"Budget:            {format_bytes(self.budget_bytes)} ({self.budget_text}) for the whole "
+            f"{'iteration' if self.optimizer else 'step'}; parameters, buffers, inputs and saved RNG states "
+            f"{'and the optimizer state ' if self.optimizer else ''}take {format_bytes(self.fixed_bytes)}",
             f"Predicted peak:    {format_bytes(self.predicted_peak_bytes)}, without checkpointing "
             f"{format_bytes(self.unplanned_peak_bytes)} ({saving:.1%} less)",
         ]
+        if self.optimizer:
+            lines.append(f"Optimizer:         {self.optimizer}: state {format_bytes(self.optimizer_state_bytes)} held "
+                         f"all iteration, its step peaks at {format_bytes(self.optimizer_step_peak_bytes)}; budget, "
+                         "peaks and a \"N%\" budget's base are of the iteration (zero_grad, forward, backward, step)")
         if self.distributed:
             sign = "+" if self.wrapper_bytes >= 0 else "-"
             lines.append(f"Distributed:       {self.distributed}: {sign}{format_bytes(abs(self.wrapper_bytes))} per device "
@@ -98,6 +107,9 @@ class NativePlan(Plan):
         data["measured_seconds"] = self.measured_seconds
         data["distributed"] = self.distributed
         data["wrapper_bytes"] = self.wrapper_bytes
+        data["optimizer"] = self.optimizer
+        data["optimizer_state_bytes"] = self.optimizer_state_bytes
+        data["optimizer_step_peak_bytes"] = self.optimizer_step_peak_bytes
         return data
 
     @classmethod
@@ -118,13 +130,18 @@ class NativePlan(Plan):
             wrapper = data.get("wrapper_bytes", 0)
             if isinstance(wrapper, bool) or not isinstance(wrapper, int):
                 raise TypeError(f"wrapper_bytes is {type(wrapper).__name__}, not a whole number")
+            optimizer = data.get("optimizer")  # absent from plans made before it was recorded
+            optimizer = None if optimizer is None else _text(optimizer)
+            state = _whole(data.get("optimizer_state_bytes", 0), "optimizer_state_bytes")
+            stepping = _whole(data.get("optimizer_step_peak_bytes", 0), "optimizer_step_peak_bytes")
         except (KeyError, TypeError, ValueError) as error:
             raise PlanFileError(f"{source} is not a valid plan: {type(error).__name__}: {error}") from None
         plain = Plan.from_dict({**data, "format": PLAN_FORMAT}, source)
         fields_ = {name: getattr(plain, name) for name in Plan.__dataclass_fields__}
         return cls(**fields_, regions=regions, input_shapes=shapes, measured_peak_bytes=measured,
                    measured_seconds=None if seconds is None else float(seconds), distributed=distributed,
-                   wrapper_bytes=wrapper)
+                   wrapper_bytes=wrapper, optimizer=optimizer, optimizer_state_bytes=state,
+                   optimizer_step_peak_bytes=stepping)
 
 
 def sequential_containers(model: torch.nn.Module) -> dict[str, int]:
@@ -417,14 +434,17 @@ def measure_native(model: torch.nn.Module, regions, example_inputs, loss_fn, rep
 def plan_native(model: torch.nn.Module, example_inputs, budget: Budget, loss_fn=None,
                 time_limit: float | None = None, granularity="module",
                 profile: profiler.Profile | None = None, measure: bool = True,
-                distributed: str | None = None, policies: Sequence[str] = tuple(SAVE_POLICIES)) -> NativePlan:
+                distributed: str | None = None, policies: Sequence[str] = tuple(SAVE_POLICIES),
+                optimizer=None) -> NativePlan:
     """A :class:`NativePlan` for ``budget``: see the module docstring. Raises :class:`Infeasible`
     (``min_budget`` in whole-step bytes) when no set of regions fits.
 
     ``distributed`` (``"ddp"``, ``"fsdp2"`` or an :class:`FSDP2`) counts what the wrapper changes on
     each device (:func:`wrapper_bytes`) in the predicted and in the measured peak (the measurement
     runs unwrapped, in this process, and adds those bytes), and in the base of a ``"N%"`` budget.
-    ``policies`` restricts the save policies the search may use (benchmarks/policies.py compares)."""
+    ``policies`` restricts the save policies the search may use (benchmarks/policies.py compares).
+    ``optimizer`` (an instance or a name, planner/optimizer.py): every figure is of the training
+    iteration, its state held through forward and backward and its step after them."""
     refuse_wrapped(model)
     extra = wrapper_bytes(model, distributed)
     remove_native(model)  # re-planning a model planned before: trace its own forward
@@ -441,15 +461,22 @@ def plan_native(model: torch.nn.Module, example_inputs, budget: Budget, loss_fn=
     from solvers.regions import evaluate
 
     unplanned = evaluate(op_graph, ())
-    unplanned_peak = fixed + unplanned.outcome.peak_bytes
+    # The optimizer's state is held like the parameters; its step's peak bounds every plan's from below.
+    iteration = iteration_memory(optimizer, model, profile, fixed + held_at_the_end(unplanned.graph, unplanned.schedule))
+    extra += iteration.state_bytes
+    fixed += iteration.state_bytes
+    unplanned_peak = iteration.peak(fixed + unplanned.outcome.peak_bytes)
     eager = None
     if measure and budget.percent is not None:
         # "N%" is of the eager step's measured peak (docs/native.md, "Which step '100%' is").
         # Its peak alone (its time is not used: the plan's own step is timed) where profiling warmed up.
         eager = measure_native(model, (), example_inputs, loss_fn, repeats=0 if warm else 1, warm_up=not warm)
-        eager = replace(eager, peak_bytes=eager.peak_bytes + extra)
+        eager = replace(eager, peak_bytes=iteration.peak(eager.peak_bytes + extra))
         unplanned_peak = eager.peak_bytes
     budget_bytes = budget.resolve(unplanned_peak)
+    if step_over_budget(iteration, str(budget), budget_bytes):
+        raise Infeasible(step_over_budget(iteration, str(budget), budget_bytes), min_budget=iteration.step_peak_bytes,
+                         method=METHOD)
     target = budget_bytes
     measured = None
     solving = 0.0  # seconds in the search, the measurements apart
@@ -464,12 +491,15 @@ def plan_native(model: torch.nn.Module, example_inputs, budget: Budget, loss_fn=
     for _ in range(attempts):
         try:
             search_started = time.perf_counter()
-            solved, held = solve_native(profile, model, target, time_limit, distributed=distributed, policies=policies)
+            solved, held = solve_native(profile, model, target, time_limit, extra_bytes=iteration.state_bytes,
+                                        distributed=distributed, policies=policies)
             solving += time.perf_counter() - search_started
         except Infeasible as error:
             minimum = error.min_budget  # whole-step bytes (solve_native)
+            minimum = None if minimum is None else iteration.peak(minimum)
             least = _least_if_it_measures_within(profile, model, example_inputs, loss_fn, distributed, policies,
-                                                 budget_bytes, minimum, measure, time_limit, warm_up=not warm)
+                                                 budget_bytes, minimum, measure, time_limit, warm_up=not warm,
+                                                 iteration=iteration)
             if least is not None:
                 solved, held, measured = least
                 break
@@ -483,7 +513,8 @@ def plan_native(model: torch.nn.Module, example_inputs, budget: Budget, loss_fn=
         if not measure:
             break
         measured = measure_native(model, solved.regions, example_inputs, loss_fn, warm_up=not warm)
-        measured = replace(measured, peak_bytes=measured.peak_bytes + wrapper_bytes(model, distributed, solved.regions))
+        measured = replace(measured, peak_bytes=iteration.peak(
+            measured.peak_bytes + wrapper_bytes(model, distributed, solved.regions) + iteration.state_bytes))
         if measured.peak_bytes <= budget_bytes:
             break
         target -= measured.peak_bytes - budget_bytes  # the prediction missed by this much: ask for less
@@ -494,6 +525,9 @@ def plan_native(model: torch.nn.Module, example_inputs, budget: Budget, loss_fn=
                         unplanned.outcome.compute_cost, measured, solving)
     plan.distributed = describe_distributed(model, distributed)
     plan.wrapper_bytes = wrapper_bytes(model, distributed, solved.regions)
+    plan.predicted_peak_bytes = iteration.peak(plan.predicted_peak_bytes)
+    plan.optimizer = iteration.optimizer or None
+    plan.optimizer_state_bytes, plan.optimizer_step_peak_bytes = iteration.state_bytes, iteration.step_peak_bytes
     _check_times(plan)
     plan.input_shapes = input_shapes(*normalise_inputs(example_inputs))
     return plan
@@ -532,7 +566,8 @@ NEAR_MISS = 0.02  # a least predicted peak this close above the budget is measur
 
 
 def _least_if_it_measures_within(profile, model, example_inputs, loss_fn, distributed, policies, budget_bytes: int,
-                                 minimum: int | None, measure: bool, time_limit, warm_up: bool = True):
+                                 minimum: int | None, measure: bool, time_limit, warm_up: bool = True,
+                                 iteration: IterationMemory = NO_OPTIMIZER):
     """The least-peak plan, when its predicted peak is within :data:`NEAR_MISS` above the budget and
     its measured peak is within it: the prediction is an estimate of eager checkpointing (it
     over-predicts by up to a few tenths of a percent: docs/native.md), the measurement decides.
@@ -545,11 +580,13 @@ def _least_if_it_measures_within(profile, model, example_inputs, loss_fn, distri
         return None
     for allowed in dict.fromkeys((tuple(policies), ())):
         try:
-            solved, held = solve_native(profile, model, minimum, time_limit, distributed=distributed, policies=allowed)
+            solved, held = solve_native(profile, model, minimum, time_limit, extra_bytes=iteration.state_bytes,
+                                        distributed=distributed, policies=allowed)
         except Infeasible:
             continue
         measured = measure_native(model, solved.regions, example_inputs, loss_fn, warm_up=warm_up)
-        measured = replace(measured, peak_bytes=measured.peak_bytes + wrapper_bytes(model, distributed, solved.regions))
+        measured = replace(measured, peak_bytes=iteration.peak(
+            measured.peak_bytes + wrapper_bytes(model, distributed, solved.regions) + iteration.state_bytes))
         if measured.peak_bytes <= budget_bytes:
             return solved, held, measured
     return None

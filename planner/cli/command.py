@@ -100,7 +100,7 @@ def _plan_parser() -> argparse.ArgumentParser:
     parser.add_argument("model", help="model file defining build_model() and example_inputs()")
     parser.add_argument("--budget", required=True,
                         help=f"peak memory of the whole step on one device (with several processes, each "
-                             f"rank's own): {ACCEPTED_FORMS}".replace("%", "%%"))  # argparse formats help with %
+                             f"rank's own; with --optimizer, of the whole iteration): {ACCEPTED_FORMS}".replace("%", "%%"))  # argparse formats help with %
     parser.add_argument("--solver", default="auto", choices=_methods(), help="solver (default: auto)")
     parser.add_argument("--executor", default=None, choices=["native", "traced"],
                         help="what runs the plan: native (torch.utils.checkpoint on the model's modules; the default "
@@ -119,11 +119,34 @@ def _plan_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-batch", action="store_true",
                         help="find the largest batch size (dimension 0 of every tensor input) whose plan fits the "
                              "budget, and write that plan")
+    parser.add_argument("--optimizer", default=None, type=_optimizer,
+                        help="count the training iteration's optimizer in the budget (its state through forward and "
+                             "backward, its step's temporaries after them): budget, figures and N%% are then of the "
+                             "whole iteration; one of " + _optimizer_names() + " (default: the step alone)")
+    parser.add_argument("--optimizer-fn", default=None, metavar="NAME",
+                        help="as --optimizer, with the optimizer a function of the model file builds: NAME(model) "
+                             "returns a torch.optim.Optimizer over the model's parameters (its class, "
+                             "hyper-parameters and param groups are counted)")
     parser.add_argument("--max-overhead", default=None, type=_overhead,
                         help="with --max-batch: the most predicted overhead allowed, as a fraction or a "
                              "percentage (0.3 or 30%%; default: any)")
     add_verbosity(parser)
     return parser
+
+
+def _optimizer_names() -> str:
+    from planner.optimizer import IMPLEMENTATIONS, OPTIMIZER_NAMES
+
+    return ", ".join(OPTIMIZER_NAMES) + ", each optionally with :" + ", :".join(IMPLEMENTATIONS) + " (e.g. adamw:fused)"
+
+
+def _optimizer(text: str) -> str:
+    from planner.optimizer import optimizer_problem
+
+    problem = optimizer_problem(text)
+    if problem:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an optimizer name; accepted: {_optimizer_names()}")
+    return text.strip().lower()
 
 
 def _overhead(text: str) -> float:
@@ -158,6 +181,7 @@ def _summary_json(plan, out: str) -> dict:
         "message": info.message,
         "figures": "measured" if getattr(plan, "fallback", "") else "predicted",
         "fallback": getattr(plan, "fallback", "") or None,
+        "optimizer": getattr(plan, "optimizer", None),
     }
 
 
@@ -184,6 +208,11 @@ def run_plan(argv: list[str]) -> int:
     args = _plan_parser().parse_args(_join_negative_budget(argv))
     if args.max_overhead is not None and not args.max_batch:
         raise _UsageError("--max-overhead goes with --max-batch (the overhead the largest batch may cost)")
+    if args.optimizer is not None and args.optimizer_fn is not None:
+        raise _UsageError("--optimizer and --optimizer-fn both name the optimizer: give one of them")
+    if (args.optimizer is not None or args.optimizer_fn is not None) and args.max_batch:
+        raise _UsageError("--optimizer is not counted by --max-batch (its plans are traced); plan a batch size "
+                          "without --max-batch to count the optimizer")
     setup_logging(args.verbose)
     # Every mistake in the arguments before any work, and before importing torch: the budget, the
     # model file's path, the output path (never one of the inputs; its folder writable).
@@ -203,7 +232,8 @@ def run_plan(argv: list[str]) -> int:
     user_output = contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext()
     with user_output:
         with progress.task(f"Loading {args.model}"):
-            model_file = load_model_file(model_path, args.model_fn, args.inputs_fn, args.device)
+            model_file = load_model_file(model_path, args.model_fn, args.inputs_fn, args.device,
+                                         optimizer_fn=args.optimizer_fn)
         # The model's forward and loss run from here on (profiling, the fallback's measurements): a
         # sys.exit() or os._exit() in them is the model file's error, not the end of the command.
         with guarded(model_path, "in the model's forward or loss_fn"):
@@ -247,6 +277,11 @@ def _make_plan(args, model_file, budget, progress):
                                       granularity=args.granularity, solver=args.solver, executor=args.executor)
         except profiler.TraceError as error:  # planner/fallback.py: checkpoint whole blocks instead
             untraceable = error
+    optimizer = args.optimizer if args.optimizer is not None else model_file.optimizer
+    if untraceable is not None and optimizer is not None:
+        raise api.SolverError(f"--optimizer is counted by native plans, and this model's step cannot be traced "
+                              f"({untraceable.reason}): its fallback plan (whole blocks checkpointed) would not count "
+                              "it; plan without --optimizer and a budget that leaves the optimizer's memory free")
     if untraceable is not None:
         os.environ.setdefault("KINETO_LOG_LEVEL", "99")  # the measuring profiler's start/stop lines
         with progress.task("Could not trace the model; measuring whole blocks to checkpoint"):
@@ -256,7 +291,8 @@ def _make_plan(args, model_file, budget, progress):
     _import_backend(args.solver)
     with progress.task(f"Solving with {args.solver}{limit}"):
         return api.plan(model_file.model, model_file.example_inputs, budget, solver=args.solver,
-                        time_limit=args.time_limit, profile=profile, executor=args.executor)
+                        time_limit=args.time_limit, profile=profile, executor=args.executor,
+                        optimizer=optimizer)
 
 
 # The libraries behind the searching solvers, imported before the "Solving" line: a Ctrl-C that lands
@@ -367,6 +403,8 @@ _USER_ERRORS = [
     ("planner.cli.maxbatch", "MaxBatchError", EXIT_USAGE),
     ("planner.cli.show", "ShowUsageError", EXIT_USAGE),
     ("planner.sweep.config", "ConfigError", EXIT_USAGE),
+    ("planner.optimizer", "OptimizerSpecError", EXIT_USAGE),
+    ("profiler.optimizer", "OptimizerError", EXIT_USAGE),
 ]
 
 

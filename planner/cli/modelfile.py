@@ -42,6 +42,8 @@ class ModelFile:
     # Optional inputs_at(batch) -> example inputs at that batch size, for --max-batch: where scaling
     # dimension 0 of every tensor input is not how the model's batch grows.
     inputs_at: Callable | None = None
+    optimizer: Any = None  # --optimizer-fn: the torch.optim.Optimizer the file builds over the model
+
 
 
 # -- sys.exit() and os._exit() in the user's code ------------------------------------------------------
@@ -203,9 +205,11 @@ def check_inputs(inputs, name: str, path: str) -> None:
 
 def load_model_file(path: str, model_fn: str = "build_model", inputs_fn: str = "example_inputs",
                     device: str | None = None, model_kwargs: dict | None = None, inputs_kwargs: dict | None = None,
-                    loss_fn: str | None = None, loss_kwargs: dict | None = None) -> ModelFile:
+                    loss_fn: str | None = None, loss_kwargs: dict | None = None,
+                    optimizer_fn: str | None = None) -> ModelFile:
     """Import the file, build the model (in training mode) and its example inputs, on ``device``.
-    ``loss_fn`` names the loss function (None: the file's ``loss_fn`` if it defines one)."""
+    ``loss_fn`` names the loss function (None: the file's ``loss_fn`` if it defines one);
+    ``optimizer_fn`` a function of the file that builds the optimizer over the model (--optimizer-fn)."""
     import functools
 
     import torch
@@ -232,7 +236,22 @@ def load_model_file(path: str, model_fn: str = "build_model", inputs_fn: str = "
     inputs_at = own_function(module, "inputs_at", path, "inputs_at", required=False)
     if inputs_at is not None and device is not None:
         inputs_at = functools.partial(_inputs_on, inputs_at, torch.device(device))
-    return ModelFile(path, model, inputs, loss, inputs_at)
+    optimizer = _optimizer(module, optimizer_fn, path, model) if optimizer_fn else None
+    return ModelFile(path, model, inputs, loss, inputs_at, optimizer)
+
+
+def _optimizer(module, name: str, path: str, model):
+    """``name(model)``, which must be a torch.optim.Optimizer (over the model's parameters: the
+    planner checks that)."""
+    import torch
+
+    function = own_function(module, name, path, "--optimizer-fn")
+    optimizer = _call(lambda: function(model), name, path)
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise ModelFileError(f"{name}(model) in {path} returned {type(optimizer).__name__}; --optimizer-fn names a "
+                             "function of the model file that returns a torch.optim.Optimizer over the model's "
+                             "parameters (e.g. torch.optim.AdamW(param_groups, lr=...))")
+    return optimizer
 
 
 def _inputs_on(inputs_at: Callable, device, batch: int):
