@@ -16,10 +16,11 @@ from solvers import Infeasible, simulate
 from solvers.store_all import store_all_schedule
 
 from .budget import format_bytes, parse_budget
-from .fallback import FallbackWarning, ModuleChainPlan, measure_planned_step, plan_module_chain
+from .fallback import FallbackWarning, ModuleChainPlan, measure_planned_step
 from .footprint import held_besides_schedule
 from .granularity import noted, solve_over_groupings
 from .native import NativePlan, distributed_problem, plan_native
+from .untraced import plan_untraced
 from .planfile import Plan, load, profile_fields
 
 __all__ = ["BudgetInfeasible", "EXECUTORS", "profile_for", "FallbackWarning", "NativePlan", "SolverError", "Plan", "apply", "checkpoint",
@@ -91,9 +92,9 @@ def plan(
     compiled un-checkpointed step's measured peak. It calls ``torch._dynamo.reset()`` before each
     compile. ``BudgetInfeasible.min_budget`` is then the least compiled peak measured.
 
-    A model whose forward the tracer cannot follow (Python control flow on tensor values) gets a
-    :class:`planner.fallback.ModuleChainPlan` instead, with a :class:`FallbackWarning`: whole blocks
-    checkpointed with torch.utils.checkpoint, its figures measured (see :func:`plan_untraceable`).
+    A model whose forward the tracer cannot follow (Python control flow on tensor values,
+    data-dependent shapes) gets a :class:`NativePlan` planned on its step recorded eagerly, whatever
+    the executor asked for (no trace, no traced schedule; see :func:`plan_untraceable`).
     """
     if model is None:
         raise TypeError("plan() profiles and plans a model: pass the model and its example inputs; to plan from "
@@ -113,7 +114,8 @@ def plan(
         try:
             profile = profiler.profile(model, example_inputs, loss_fn=loss_fn, granularity=granularity)
         except profiler.TraceError as error:
-            return plan_untraceable(model, example_inputs, parsed, loss_fn=loss_fn, reason=error.reason)
+            return plan_untraceable(model, example_inputs, parsed, loss_fn=loss_fn, reason=error.reason,
+                                    time_limit=time_limit)
     search = parse_granularity(granularity) == "auto"  # the profiler's choice: finer groupings are tried too
 
     def solve(budget_):
@@ -254,13 +256,9 @@ def _plan_native(model, example_inputs, parsed, loss_fn, time_limit, granularity
     try:
         return plan_native(model, example_inputs, parsed, loss_fn=loss_fn, time_limit=time_limit,
                            granularity=granularity, profile=profile, distributed=distributed)
-    except profiler.TraceError as error:
-        if distributed is not None:  # the fallback's measured blocks know nothing of the wrapper
-            raise SolverError(f"distributed={distributed!r} is counted by native plans, and this model's step "
-                              f"cannot be traced ({error.reason}): its fallback plan (whole blocks checkpointed, "
-                              "measured in this process) would not count the wrapper; plan without distributed= "
-                              "and a budget that leaves the wrapper's memory free") from None
-        return plan_untraceable(model, example_inputs, parsed, loss_fn=loss_fn, reason=error.reason)
+    except profiler.TraceError as error:  # recorded eagerly instead (planner/untraced.py)
+        return plan_untraceable(model, example_inputs, parsed, loss_fn=loss_fn, reason=error.reason,
+                                time_limit=time_limit, distributed=distributed)
     except BudgetInfeasible:
         raise
     except Infeasible as error:
@@ -286,7 +284,7 @@ def _plan_compiled(model, example_inputs, parsed, solver, executor, loss_fn, tim
                                     granularity=granularity, profile=profile)
     except profiler.TraceError as error:
         raise SolverError(f"compile=True plans regions from the model's trace, and this model's step cannot be traced "
-                          f"({error.reason}): plan without compile=True (a fallback plan of whole blocks) and wrap "
+                          f"({error.reason}): plan without compile=True (a native plan from an eager step) and wrap "
                           "the result in torch.compile") from None
     except BudgetInfeasible:
         raise
@@ -330,16 +328,19 @@ def _minimum_budget(profile, solver: str, time_limit, search: bool, unplanned_pe
 
 
 def plan_untraceable(model: torch.nn.Module, example_inputs, budget="100%", loss_fn: Callable | None = None,
-                     reason: str = "") -> ModuleChainPlan:
-    """The fallback for a model the tracer cannot follow (planner/fallback.py): checkpoint whole
-    blocks of its chain of repeated blocks with torch.utils.checkpoint, as few as make the measured
-    step fit ``budget``. Warns :class:`FallbackWarning`; raises :class:`BudgetInfeasible` with the
-    measured minimum, or :class:`planner.fallback.NoChainFound`."""
+                     reason: str = "", time_limit: float | None = None, distributed=None) -> NativePlan:
+    """The plan for a model the tracer cannot follow: a :class:`NativePlan` like any other, its
+    step recorded eagerly op by op instead of traced (planner/untraced.py, profiler/eager.py),
+    predicted, measured once and repaired as native plans are. ``reason``: the tracer's error, kept
+    in the plan's solver message. Raises :class:`BudgetInfeasible` as :func:`plan` does."""
     parsed = parse_budget(budget)
     try:
-        return plan_module_chain(model, example_inputs, parsed, loss_fn=loss_fn, reason=reason)
+        return plan_untraced(model, example_inputs, parsed, loss_fn=loss_fn, time_limit=time_limit, reason=reason,
+                             distributed=distributed)
+    except BudgetInfeasible:
+        raise
     except Infeasible as error:
-        raise BudgetInfeasible(f"budget {parsed}: {error}", min_budget=error.min_budget, method=error.method) from None
+        raise BudgetInfeasible(str(error), min_budget=error.min_budget, method=error.method) from None
 
 
 def apply(model: torch.nn.Module, plan: Plan, compile: bool = False) -> torch.nn.Module:

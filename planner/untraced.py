@@ -1,0 +1,48 @@
+"""Native plans for models the tracer cannot follow, from an eager step's measurements.
+
+A model whose forward make_fx cannot trace (Python control flow on tensor values, data-dependent
+shapes such as an MoE's top-k routing) still runs eagerly. profiler/eager.py records one eager
+training step op by op (module hooks, autograd node hooks and a ``TorchDispatchMode``, as PyTorch's
+SAC estimator measures per module: what each op makes, reads and keeps alive, its time and scratch
+memory) into the same op-level cost graph a trace gives. planner/native.py then plans on it exactly
+as for a traced model: the region search (solvers/regions.py), the plan measured once on the example
+inputs and repaired when it measures over the budget, the same :class:`planner.native.NativePlan`,
+summary and file format. The plan's solver message says the step was recorded eagerly, and why.
+
+What the eager graph cannot give, and the plan therefore does not use: save policies
+(``@matmuls`` and the like). Their prediction reads the traced graph's functional ops (a dropout's
+draw as one ``bernoulli``); the eager graph holds eager's in-place ops (``bernoulli_`` into an
+``empty_like``), which the policies' model of what is saved does not follow. Plain regions only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from profiler.eager import eager_profile
+from solvers.schedule import SolverInfo
+
+from .budget import Budget
+from .native import NativePlan, plan_native
+
+# Save policies the search may give a region of an eagerly recorded step: none (the module docstring).
+POLICIES: tuple[str, ...] = ()
+
+
+def plan_untraced(model: torch.nn.Module, example_inputs, budget: Budget, loss_fn: Callable | None = None,
+                  time_limit: float | None = None, reason: str = "", distributed=None) -> NativePlan:
+    """A :class:`NativePlan` for ``budget`` from an eagerly recorded step (the module docstring).
+    ``reason``: why the tracer could not follow the model, kept in the plan's solver message.
+    Raises :class:`solvers.Infeasible` (``min_budget`` in whole-step bytes) as plan_native does."""
+    profile = eager_profile(model, example_inputs, loss_fn=loss_fn, reason=reason)
+    plan = plan_native(model, example_inputs, budget, loss_fn=loss_fn, time_limit=time_limit, profile=profile,
+                       distributed=distributed, policies=POLICIES)
+    info: SolverInfo = plan.schedule.info
+    note = "profiled from an eager step: the tracer cannot follow the model" + (f" ({reason})" if reason else "")
+    plan.schedule = plan.schedule.with_info(message=f"{info.message}; {note}" if info.message else note)
+    return plan
+
+
+__all__ = ["POLICIES", "plan_untraced"]
