@@ -16,11 +16,12 @@ from solvers import Infeasible, simulate
 from solvers.store_all import store_all_schedule
 
 from .budget import format_bytes, parse_budget
-from .fallback import FallbackWarning, ModuleChainPlan, measure_planned_step
+from .fallback import FallbackWarning, ModuleChainPlan
+from .measured import measure_planned_step
 from .footprint import held_besides_schedule
 from .granularity import noted, solve_over_groupings
 from .native import NativePlan, distributed_problem, plan_native
-from .untraced import plan_untraced
+from .untraced import is_eager, plan_untraced
 from .planfile import Plan, load, profile_fields
 
 __all__ = ["BudgetInfeasible", "EXECUTORS", "profile_for", "FallbackWarning", "NativePlan", "SolverError", "Plan", "apply", "checkpoint",
@@ -110,6 +111,8 @@ def plan(
         return _plan_native(model, example_inputs, parsed, loss_fn, time_limit, granularity, profile, distributed)
     if distributed is not None:
         raise SolverError("distributed= is accounted for by native plans only: use executor='native' (the default)")
+    if is_eager(profile):  # no trace to schedule: the native plan its first plan was
+        return plan_untraceable(model, example_inputs, parsed, loss_fn=loss_fn, time_limit=time_limit, profile=profile)
     if profile is None:
         try:
             profile = profiler.profile(model, example_inputs, loss_fn=loss_fn, granularity=granularity)
@@ -253,6 +256,9 @@ def _executor(executor: str | None, solver: str) -> str:
 
 
 def _plan_native(model, example_inputs, parsed, loss_fn, time_limit, granularity, profile, distributed) -> Plan:
+    if is_eager(profile):  # recorded eagerly (a model the tracer cannot follow): planned as its first plan was
+        return plan_untraceable(model, example_inputs, parsed, loss_fn=loss_fn, time_limit=time_limit,
+                                distributed=distributed, profile=profile)
     try:
         return plan_native(model, example_inputs, parsed, loss_fn=loss_fn, time_limit=time_limit,
                            granularity=granularity, profile=profile, distributed=distributed)
@@ -328,15 +334,18 @@ def _minimum_budget(profile, solver: str, time_limit, search: bool, unplanned_pe
 
 
 def plan_untraceable(model: torch.nn.Module, example_inputs, budget="100%", loss_fn: Callable | None = None,
-                     reason: str = "", time_limit: float | None = None, distributed=None) -> NativePlan:
+                     reason: str = "", time_limit: float | None = None, distributed=None,
+                     profile: profiler.Profile | None = None) -> NativePlan:
     """The plan for a model the tracer cannot follow: a :class:`NativePlan` like any other, its
     step recorded eagerly op by op instead of traced (planner/untraced.py, profiler/eager.py),
     predicted, measured once and repaired as native plans are. ``reason``: the tracer's error, kept
-    in the plan's solver message. Raises :class:`BudgetInfeasible` as :func:`plan` does."""
+    in the plan's solver message. ``profile``: the plan's ``profile`` (an eager one) from an earlier
+    call, to plan another budget without recording the step again. Raises :class:`BudgetInfeasible`
+    as :func:`plan` does."""
     parsed = parse_budget(budget)
     try:
         return plan_untraced(model, example_inputs, parsed, loss_fn=loss_fn, time_limit=time_limit, reason=reason,
-                             distributed=distributed)
+                             distributed=distributed, profile=profile)
     except BudgetInfeasible:
         raise
     except Infeasible as error:

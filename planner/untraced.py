@@ -21,7 +21,8 @@ from collections.abc import Callable
 
 import torch
 
-from profiler.eager import eager_profile
+import profiler
+from profiler.eager import EagerStep, eager_profile
 from solvers.schedule import SolverInfo
 
 from .budget import Budget
@@ -32,11 +33,16 @@ POLICIES: tuple[str, ...] = ()
 
 
 def plan_untraced(model: torch.nn.Module, example_inputs, budget: Budget, loss_fn: Callable | None = None,
-                  time_limit: float | None = None, reason: str = "", distributed=None) -> NativePlan:
+                  time_limit: float | None = None, reason: str = "", distributed=None,
+                  profile: profiler.Profile | None = None) -> NativePlan:
     """A :class:`NativePlan` for ``budget`` from an eagerly recorded step (the module docstring).
     ``reason``: why the tracer could not follow the model, kept in the plan's solver message.
-    Raises :class:`solvers.Infeasible` (``min_budget`` in whole-step bytes) as plan_native does."""
-    profile = eager_profile(model, example_inputs, loss_fn=loss_fn, reason=reason)
+    ``profile``: an earlier :func:`profiler.eager.eager_profile` of the same model and inputs, to plan
+    another budget without recording again. Raises :class:`solvers.Infeasible` (``min_budget`` in
+    whole-step bytes) as plan_native does."""
+    if profile is None:
+        profile = eager_profile(model, example_inputs, loss_fn=loss_fn, reason=reason)
+    reason = reason or profile.joint.reason
     plan = plan_native(model, example_inputs, budget, loss_fn=loss_fn, time_limit=time_limit, profile=profile,
                        distributed=distributed, policies=POLICIES)
     info: SolverInfo = plan.schedule.info
@@ -45,4 +51,9 @@ def plan_untraced(model: torch.nn.Module, example_inputs, budget: Budget, loss_f
     return plan
 
 
-__all__ = ["POLICIES", "plan_untraced"]
+def is_eager(profile: profiler.Profile | None) -> bool:
+    """Whether ``profile`` was recorded eagerly (profiler/eager.py), not traced."""
+    return profile is not None and isinstance(profile.joint, EagerStep)
+
+
+__all__ = ["POLICIES", "is_eager", "plan_untraced"]

@@ -1,0 +1,120 @@
+"""Models the tracer cannot follow get native plans from an eager step (planner/untraced.py,
+profiler/eager.py): an MoE routing each token to its top-2 experts (data-dependent shapes, an expert
+no token chose skipped) and blocks with Python control flow on a tensor's value, dropout on in both."""
+
+import copy
+import json
+import warnings
+
+import pytest
+import torch
+
+import planner
+import profiler
+from benchmarks.zoo_models import _control_flow, _sparse_moe
+from planner.native import NativePlan
+from profiler.eager import eager_profile
+from planner.planfile import PlanWarning
+from runtime.native import native_regions
+from solvers.regions import evaluate
+
+BUDGETS = ("50%", "75%")
+PREDICTION_TOLERANCE = 0.02  # of the measured peak, as for traced models (benchmarks/zoo.py)
+MODELS = {"sparse-moe": _sparse_moe, "control-flow": _control_flow}
+
+
+@pytest.fixture(scope="module", params=sorted(MODELS))
+def planned(request):
+    """(name, build, {budget: plan}) for one model, planned at each budget."""
+    build = MODELS[request.param]
+    model, inputs, loss_fn = build()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PlanWarning)  # step times on a loaded machine
+        first = planner.plan(model, inputs, BUDGETS[0], loss_fn=loss_fn)
+        # The other budgets on the first plan's eager profile: planned as the first, not recorded again.
+        plans = {budget: planner.plan(model, inputs, budget, loss_fn=loss_fn, profile=first.profile)
+                 for budget in BUDGETS[1:]}
+    return request.param, build, {BUDGETS[0]: first, **plans}
+
+
+def test_an_untraceable_model_gets_a_native_plan_that_says_how_it_was_profiled(planned):
+    _, _, plans = planned
+    for plan in plans.values():
+        assert isinstance(plan, NativePlan) and plan.method == "regions" and plan.regions
+        assert "profiled from an eager step" in plan.schedule.info.message
+        assert "Predicted peak" in plan.summary() and "FALLBACK" not in plan.summary()
+    assert len(plans["50%"].regions) >= 1 and plans["50%"].predicted_peak_bytes < plans["75%"].predicted_peak_bytes
+
+
+def test_the_prediction_is_within_two_percent_of_the_measured_peak_and_the_budget_holds(planned):
+    _, build, plans = planned
+    for budget, plan in plans.items():
+        model, inputs, loss_fn = build()
+        planner.apply(model, plan)
+        measured = profiler.measure_step(model, inputs, loss_fn=loss_fn, repeats=1).peak_bytes
+        assert measured <= plan.budget_bytes, budget
+        assert abs(plan.predicted_peak_bytes - measured) <= PREDICTION_TOLERANCE * measured, (budget, plan.summary())
+        assert plan.measured_peak_bytes == measured  # the plan's own measurement: the same step, the same bytes
+
+
+def _train(model, inputs, loss_fn, steps: int = 4):
+    """``steps`` AdamW steps from one seed (dropout draws from it); the losses and the parameters after."""
+    torch.manual_seed(7)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    losses = []
+    for step in range(steps):
+        batch = tuple(x + 0.1 * step for x in inputs)  # a new batch each step, the routing changes with it
+        optimizer.zero_grad()
+        loss = loss_fn(model(*batch))
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.detach())
+    return losses, {name: p.detach().clone() for name, p in model.named_parameters()}
+
+
+def test_training_with_the_plan_is_bit_identical_to_training_without(planned):
+    _, build, plans = planned
+    model, inputs, loss_fn = build()
+    reference = copy.deepcopy(model)
+    planner.apply(model, plans["50%"])
+    assert native_regions(model) == list(plans["50%"].regions)
+    assert model.training and any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in model.modules())
+    losses0, params0 = _train(reference, inputs, loss_fn)
+    losses1, params1 = _train(model, inputs, loss_fn)
+    assert all(torch.equal(a, b) for a, b in zip(losses0, losses1))
+    assert all(torch.equal(params0[name], params1[name]) for name in params0)
+
+
+def test_the_plan_saves_loads_and_applies_like_any_native_plan(planned, tmp_path):
+    _, build, plans = planned
+    plan = plans["75%"]
+    plan.save(tmp_path / "plan.json")
+    assert json.loads((tmp_path / "plan.json").read_text())["format"] == "plan-checkpoints/native/1"
+    loaded = planner.load(tmp_path / "plan.json")
+    assert isinstance(loaded, NativePlan) and loaded.regions == plan.regions
+    model = build()[0]
+    assert planner.apply(model, loaded) is model and native_regions(model) == list(plan.regions)
+
+
+def test_the_eager_graph_predicts_the_unplanned_step_it_recorded():
+    """Without checkpointing, the recorded graph's store-all peak is the measured step's (the same
+    allocations, counted by the same allocator events), to a fraction of a percent."""
+    model, inputs, loss_fn = _sparse_moe()
+    profile = eager_profile(model, inputs, loss_fn=loss_fn)
+    graph = profile.graph
+    predicted = graph.graph["fixed_bytes"] + graph.graph["loss_value_bytes"] + evaluate(graph, ()).outcome.peak_bytes
+    measured = profiler.measure_step(model, inputs, loss_fn=loss_fn, repeats=1).peak_bytes
+    assert abs(predicted - measured) <= 0.005 * measured
+    kinds = {data["kind"] for _, data in graph.nodes(data=True)}
+    assert kinds == {"forward", "loss", "backward"}
+    experts = {data["module"] for _, data in graph.nodes(data=True) if ".experts." in data["module"]}
+    assert "layers.0.1.experts.0.0" in experts  # forward and backward ops carry their module
+    assert any(d["kind"] == "backward" and d["module"] == "layers.0.1.experts.0.0" for _, d in graph.nodes(data=True))
+
+
+def test_a_budget_below_the_least_plan_is_refused_as_for_a_traced_model():
+    model, inputs, loss_fn = _control_flow()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PlanWarning)
+        with pytest.raises(planner.BudgetInfeasible, match=r"budget 5% \(.*\) is below the least"):
+            planner.plan(model, inputs, "5%", loss_fn=loss_fn)
