@@ -118,3 +118,39 @@ def test_a_budget_below_the_least_plan_is_refused_as_for_a_traced_model():
         warnings.simplefilter("ignore", PlanWarning)
         with pytest.raises(planner.BudgetInfeasible, match=r"budget 5% \(.*\) is below the least"):
             planner.plan(model, inputs, "5%", loss_fn=loss_fn)
+
+
+UNTRACEABLE_MODEL_FILE = """
+import torch
+from torch import nn
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.up, self.drop, self.down = nn.Linear(32, 128), nn.Dropout(0.1), nn.Linear(128, 32)
+
+    def forward(self, x):
+        h = self.down(self.drop(torch.tanh(self.up(x))))
+        return x + (h * 2 if h.mean() > 0 else h)  # control flow on a value: not traceable
+
+def build_model():
+    torch.manual_seed(0)
+    return nn.Sequential(*[Block() for _ in range(4)])
+
+def example_inputs():
+    return (torch.randn(128, 32, generator=torch.Generator().manual_seed(0)),)
+"""
+
+
+def test_the_command_line_plans_an_untraceable_model_natively(tmp_path):
+    from test_cli import model_file, run
+
+    out = tmp_path / "plan.json"
+    result = run(model_file(tmp_path, UNTRACEABLE_MODEL_FILE), "--budget", "60%", "--out", out, "--json")
+    assert result.returncode == 0, result.stderr
+    assert "Traceback" not in result.stderr and "Could not trace the model" in result.stderr
+    summary = json.loads(result.stdout)
+    assert summary["figures"] == "predicted" and summary["fallback"] is None
+    assert "profiled from an eager step" in summary["message"]
+    assert summary["predicted_peak_bytes"] <= summary["budget_bytes"]
+    assert json.loads(out.read_text())["format"] == "plan-checkpoints/native/1"
