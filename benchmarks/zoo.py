@@ -102,10 +102,13 @@ class Row:
     regions: tuple[str, ...] = ()  # a native plan's checkpointed regions
     plan_measured_bytes: int | None = None  # a native plan's own measurement of its step, while planning
     refused: bool = False  # the planner raised BudgetInfeasible (min_budget_bytes: the least it named)
+    native_plan: bool = False  # the plan was a NativePlan (in the traced table: a model the tracer cannot follow)
 
     @property
     def plan_kind(self) -> str:
         """``traced``, ``native`` or ``fallback`` (whole blocks, figures measured: rows of old runs)."""
+        if self.native_plan:
+            return "native"
         return self.executor if self.traced else "fallback"
 
     @property
@@ -391,7 +394,7 @@ def run_case(case: Case, budgets=BUDGETS, executor: str = "traced") -> list[Row]
             same_loss=bool(torch.equal(loss, reference[0])), same_rng=bool(torch.equal(rng, reference[2])),
             seconds=time.perf_counter() - started,
             infeasible_reason=declared.get(budget, ""), min_budget_bytes=-1 if budget in declared else 0,
-            executor="native" if native else executor, regions=tuple(plan.regions) if native else (),
+            executor=executor, regions=tuple(plan.regions) if native else (), native_plan=native,
             plan_measured_bytes=plan.measured_peak_bytes if native else None,
         ))
         started = time.perf_counter()
