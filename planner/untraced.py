@@ -23,6 +23,7 @@ import torch
 
 import profiler
 from profiler.eager import EagerStep, eager_profile
+from runtime.native import remove_native
 from solvers.schedule import SolverInfo
 
 from .budget import Budget
@@ -41,6 +42,7 @@ def plan_untraced(model: torch.nn.Module, example_inputs, budget: Budget, loss_f
     another budget without recording again. Raises :class:`solvers.Infeasible` (``min_budget`` in
     whole-step bytes) as plan_native does."""
     if profile is None:
+        remove_native(model)  # re-planning a model planned before: record its own forward
         profile = eager_profile(model, example_inputs, loss_fn=loss_fn, reason=reason)
     reason = reason or profile.joint.reason
     plan = plan_native(model, example_inputs, budget, loss_fn=loss_fn, time_limit=time_limit, profile=profile,
