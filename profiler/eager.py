@@ -73,7 +73,6 @@ class EagerStep:
     output_spec: pytree.TreeSpec
     autocast: str = ""
     reason: str = ""
-    log_probs_recomputed: bool = False
 
 
 @dataclass
