@@ -295,38 +295,6 @@ def test_untraceable_model_without_repeated_blocks_is_planned_natively():
     assert isinstance(plan, planner.NativePlan) and plan.regions == ()
 
 
-def test_fallback_from_the_command_line(tmp_path):
-    from test_cli import model_file, run
-
-    text = """
-    import torch
-    from torch import nn
-
-    class Block(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.linear = nn.Linear(64, 64)
-
-        def forward(self, x):
-            h = torch.tanh(self.linear(x))
-            return x + (h * 2 if h.mean() > 0 else h)
-
-    def build_model():
-        torch.manual_seed(0)
-        return nn.Sequential(*[Block() for _ in range(4)])
-
-    def example_inputs():
-        return (torch.randn(64, 64, generator=torch.Generator().manual_seed(0)),)
-    """
-    out = tmp_path / "plan.json"
-    result = run(model_file(tmp_path, text), "--budget", "100%", "--out", out)
-    assert result.returncode == 0, result.stderr
-    assert "Traceback" not in result.stderr
-    assert "\nplan-checkpoints: warning: could not trace" in "\n" + result.stderr  # after the progress lines
-    assert "FALLBACK" in result.stdout and "Measured peak" in result.stdout
-    assert planner.load(out).chain.container == ""  # the Sequential model itself is the chain
-
-
 def test_outputs_are_rebuilt_with_their_structure():
     """A tuple output with a None and an int among the tensors comes back as the original's."""
 
