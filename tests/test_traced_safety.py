@@ -550,8 +550,8 @@ def test_an_untraced_plans_model_pickles_and_copies_with_its_checkpoints(untrace
     torch.save(model, buffer)  # the checkpointed forwards pickle with the model
     buffer.seek(0)
     loaded = torch.load(buffer, weights_only=False)
-    assert native_regions(loaded) == list(untraced_plan.regions)
+    assert sorted(native_regions(loaded)) == sorted(untraced_plan.regions)
     with pytest.raises(ShapeTooLarge):  # the shape guard is loaded with it
         _loss(loaded(*_batch(batch=65))).backward()
     copied = copy.deepcopy(model)
-    assert copied.blocks[0] is not model.blocks[0] and native_regions(copied) == list(untraced_plan.regions)
+    assert copied.blocks[0] is not model.blocks[0] and sorted(native_regions(copied)) == sorted(untraced_plan.regions)
