@@ -9,11 +9,15 @@ as for a traced model: the region search (solvers/regions.py), the plan measured
 inputs and repaired when it measures over the budget, the same :class:`planner.native.NativePlan`,
 summary and file format. The plan's solver message says the step was recorded eagerly, and why.
 
-Save policies (``@matmuls``, ``@projections`` and their ``+draws`` variants) are priced on the
-eager graph as on a trace: they match aten op names, which eager dispatch shows as a trace does, and
-eager dropout's draw (``bernoulli_`` into an ``empty_like``) is an allocation and a random op there
-too. Measured on the zoo's untraceable MoE and control-flow models, region sets under each policy
-were predicted 0.12-0.19% above their measured peaks, as plain regions are.
+Save policies: ``@matmuls`` and ``@projections`` are priced on the eager graph as on a trace
+(they match aten op names, which eager dispatch shows as a trace does): region sets under them were
+predicted 0.07-0.19% above their measured peaks on the zoo's untraceable MoE and control-flow models
+and on a 2-layer GPT-2 behind an ``if`` on its logits, as plain regions are. Their ``+draws``
+variants are not searched: their model of a dropout's draw (solvers/regions.py ``draw_chains``)
+follows a trace's functional ops, where the draw and its scaling are results of their own; eager
+draws in place (``bernoulli_`` and ``div_`` into an ``empty_like``, one storage, results of none),
+and the GPT-2 MLP ending in a dropout under ``@projections+draws`` was predicted 65,536 B (one
+mask) above its measured peak (+1.16%).
 """
 
 from __future__ import annotations
@@ -31,8 +35,8 @@ from solvers.schedule import SolverInfo
 from .budget import Budget
 from .native import NativePlan, plan_native
 
-# Save policies the search may give a region of an eagerly recorded step: all of them (the module docstring).
-POLICIES: tuple[str, ...] = tuple(SAVE_POLICIES)
+# Save policies the search may give a region of an eagerly recorded step (the module docstring).
+POLICIES: tuple[str, ...] = tuple(name for name, policy in SAVE_POLICIES.items() if not policy.draws)
 
 
 def plan_untraced(model: torch.nn.Module, example_inputs, budget: Budget, loss_fn: Callable | None = None,
