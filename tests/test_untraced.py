@@ -12,6 +12,7 @@ import torch
 import planner
 import profiler
 from benchmarks.zoo_models import _control_flow, _sparse_moe
+from models import gpt2, gpt2_inputs
 from planner.native import NativePlan
 from planner.planfile import PlanWarning
 from runtime.native import native_regions
@@ -62,7 +63,8 @@ def _train(model, inputs, loss_fn, steps: int = 4):
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     losses = []
     for step in range(steps):
-        batch = tuple(x + 0.1 * step for x in inputs)  # a new batch each step, the routing changes with it
+        # a new batch each step (the routing changes with it); token ids stay as they are
+        batch = tuple(x + 0.1 * step if x.is_floating_point() else x for x in inputs)
         optimizer.zero_grad()
         loss = loss_fn(model(*batch))
         loss.backward()
@@ -117,6 +119,38 @@ def test_a_budget_below_the_least_plan_is_refused_as_for_a_traced_model(planned)
         warnings.simplefilter("ignore", PlanWarning)
         with pytest.raises(planner.BudgetInfeasible, match=r"budget 5% \(.*\) is below the least"):
             planner.plan(model, inputs, "5%", loss_fn=loss_fn, profile=plans["50%"].profile)
+
+
+class GatedGPT2(torch.nn.Module):
+    """A Hugging Face GPT-2 (from its config, dropout on) whose loss is scaled when the logits' mean
+    is positive: control flow on a value after a model the tracer follows by itself."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.lm = gpt2(layers=2, embd=64, heads=2, vocab=500, positions=64)
+        self.lm.config.use_cache = False
+
+    def forward(self, input_ids):
+        out = self.lm(input_ids=input_ids, labels=input_ids)
+        return out.loss * 2 if out.logits.mean() > 0 else out.loss
+
+
+def test_a_hugging_face_model_behind_control_flow_is_planned_natively():
+    model, inputs = GatedGPT2(), (gpt2_inputs(batch=4, tokens=64, vocab=500)["input_ids"],)
+    reference = copy.deepcopy(model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PlanWarning)
+        plan = planner.plan(model, inputs, "50%")
+    assert isinstance(plan, NativePlan) and "profiled from an eager step" in plan.schedule.info.message
+    planner.apply(model, plan)
+    measured = profiler.measure_step(model, inputs, repeats=1).peak_bytes
+    assert measured <= plan.budget_bytes
+    assert abs(plan.predicted_peak_bytes - measured) <= PREDICTION_TOLERANCE * measured
+    losses0, params0 = _train(reference, inputs, lambda loss: loss, steps=3)
+    losses1, params1 = _train(model, inputs, lambda loss: loss, steps=3)
+    assert all(torch.equal(a, b) for a, b in zip(losses0, losses1))
+    assert all(torch.equal(params0[name], params1[name]) for name in params0)
 
 
 UNTRACEABLE_MODEL_FILE = """
