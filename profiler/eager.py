@@ -337,7 +337,7 @@ def build_graph(recording: _Recording, fixed_bytes: int) -> nx.DiGraph:
     one node for an op that made none, and one ``"loss"`` node for the loss and its backward."""
     ops = recording.ops
     graph = nx.DiGraph(fixed_bytes=int(fixed_bytes), loss_node=LOSS, loss_value_bytes=0, granularity=GRANULARITY)
-    owner: dict[int, str] = {}  # storage key -> node
+    owner: dict[int, str] = {}  # storage serial -> its node
     op_node: list[str] = []  # op index -> its node (the loss node for the loss's ops)
     loss_ops = [i for i, op in enumerate(ops) if op.phase == LOSS_PHASE]
     loss_end = loss_ops[-1] if loss_ops else -1
