@@ -60,6 +60,11 @@ from .state import cuda_devices, get_rng_state, preserved_state, set_rng_state
 FORWARD, LOSS_PHASE, BACKWARD = "forward", "loss", "backward"
 # Granularity label of an eager graph: single ops, as the region search reads them.
 GRANULARITY = "op"
+# Timed runs go on (up to MAX_TIMED_RUNS) until one more moves the sum of the ops' least times by at
+# most SETTLED: on a loaded machine a stall can hit an op in two runs (a 2 ms step of a small model
+# summed 63 ms over two runs, 0.9 ms over more).
+SETTLED = 0.01
+MAX_TIMED_RUNS = 5
 
 
 @dataclass(frozen=True)
@@ -95,7 +100,7 @@ class _Recording:
     ops: list[_Op] = field(default_factory=list)
     last_alive: dict[int, int] = field(default_factory=dict)  # storage serial -> last op index it was alive at
     survivors: set[int] = field(default_factory=set)  # storages alive when the step ended
-    step_seconds: float = 0.0  # the least wall time of a training step without the recorder
+    step_seconds: float = 0.0  # wall time of the recorded step; after record(), of a step without the recorder
 
 
 def _storage_ref(tensor) -> StorageWeakRef | None:
@@ -256,6 +261,7 @@ def _record_step(model, args, kwargs, loss_fn, fixed: set[int], devices: list[in
         p.grad = None
     device = devices[0] if devices else None
     sync = (lambda: torch.cuda.synchronize(device)) if device is not None else (lambda: None)
+    started = time.perf_counter()
     with _Tagger(model) as tagger:
         recorder = _Recorder(tagger, fixed, sync, device, measure_scratch)
         with recorder:
@@ -266,6 +272,8 @@ def _record_step(model, args, kwargs, loss_fn, fixed: set[int], devices: list[in
             loss.backward()
             recorder.finish()  # the caller's output and loss are still held: they survive the step
         del output, loss
+    sync()
+    recorder.recording.step_seconds = time.perf_counter() - started
     return recorder.recording
 
 
@@ -274,10 +282,12 @@ def _same_ops(a: _Recording, b: _Recording) -> bool:
 
 
 def record(model: torch.nn.Module, args: tuple, kwargs: dict, loss_fn: Callable, repeats: int = 3) -> _Recording:
-    """The step recorded ``repeats`` times from the same RNG state (at least twice): the first run
-    with each op's scratch memory measured, the others timed; each op's time is its least over the
+    """The step recorded ``repeats`` times or more from the same RNG state (at least twice): the first
+    run with each op's scratch memory measured, the others timed, until the sum of the ops' least
+    times settles (:data:`SETTLED`, at most :data:`MAX_TIMED_RUNS`); each op's time is its least over the
     timed runs (another process's load only adds) plus its share of the overhead of a step run
-    without the recorder (as many runs, the least). Model, buffers, RNG and ``.grad`` left as they were."""
+    without the recorder (the least of as many runs and of the timed recorded steps, which can only
+    be slower). Model, buffers, RNG and ``.grad`` left as they were."""
     devices = cuda_devices([*model.parameters(), *pytree.tree_leaves((args, kwargs))])
     inputs = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
     fixed = {ref.cdata for t in [*model.parameters(), *model.buffers(), *inputs] if (ref := _storage_ref(t))}
@@ -293,13 +303,20 @@ def record(model: torch.nn.Module, args: tuple, kwargs: dict, loss_fn: Callable,
                 for label, scratch in _scratch_from_events(memory_profile).items():
                     if label.isdigit() and int(label) < len(recorded.ops):
                         recorded.ops[int(label)].scratch = scratch
-            timed = []
-            for _ in range(max(repeats - 1, 1)):
+            timed: list[_Recording] = []
+            least = float("inf")
+            for attempt in range(MAX_TIMED_RUNS):
                 set_rng_state(rng)
                 run = _record_step(model, args, kwargs, loss_fn, fixed, devices, measure_scratch=False)
                 if _same_ops(recorded, run):
                     timed.append(run)
-            plain = []
+                total = sum(min(r.ops[i].seconds for r in timed) for i in range(len(recorded.ops))) if timed else least
+                if attempt + 2 >= repeats and abs(least - total) <= SETTLED * total:
+                    break
+                least = total
+            # A recorded step's wall time bounds the plain step's from above (the recorder only adds):
+            # on a loaded machine a plain step's sample can be far slower than the step.
+            plain = [run.step_seconds for run in timed]
             for _ in range(max(repeats - 1, 1)):
                 set_rng_state(rng)
                 plain.append(_plain_step_seconds(model, args, kwargs, loss_fn, devices))
