@@ -201,8 +201,9 @@ class _Recorder(TorchDispatchMode):
     def collect_dead(self) -> None:
         """Storages freed since the last op: alive through the previous one."""
         index = len(self.recording.ops) - 1
-        for address, (serial, ref) in list(self.live.items()):
-            if ref.expired():
+        expired = torch.UntypedStorage._expired  # StorageWeakRef.expired without its two Python layers
+        for address, (serial, _) in list(self.live.items()):
+            if expired(address):
                 self.recording.last_alive[serial] = index
                 del self.live[address]
 
