@@ -11,8 +11,8 @@ the traced executor) at each budget, applies the plan, and measures:
 - the gradients against the unplanned model's from the same seed (which also compares every
   dropout mask: a different mask changes the gradients), the loss and the RNG state after the step.
 
-A model the tracer cannot follow gets the fallback plan (torch.utils.checkpoint on whole blocks);
-its figures are measured, so only "measured within the budget" and the gradients apply.
+A model the tracer cannot follow gets a native plan made from an eager step (planner/untraced.py),
+checked as every native plan is, with either executor asked for (there is no trace to schedule).
 
 ``python benchmarks/zoo.py`` runs every case, prints the table and writes it to docs/zoo.md
 (``--only NAME,NAME`` for some). tests/test_zoo.py runs the same cases as tests: a fast subset
@@ -40,7 +40,7 @@ import planner
 import profiler
 from benchmarks.zoo_models import (  # noqa: E402
     _BERT_LIKE, _causal_lm, _clip, _control_flow, _image_classifier, _llama_like, _masked_lm, _moe, _recurrent,
-    _seq2seq, _torch_vit, _transformer_encoder, _unet, _whisper,
+    _seq2seq, _sparse_moe, _torch_vit, _transformer_encoder, _unet, _whisper,
 )
 
 BUDGETS = ("50%", "75%")
@@ -84,7 +84,7 @@ class Row:
 
     case: str
     budget_text: str
-    traced: bool  # planned from the trace (a traced or a native plan), not the fallback's measurements
+    traced: bool  # planned from a cost graph (a traced or a native plan), not by measuring whole blocks
     budget_bytes: int
     predicted_bytes: int
     measured_bytes: int
@@ -102,10 +102,13 @@ class Row:
     regions: tuple[str, ...] = ()  # a native plan's checkpointed regions
     plan_measured_bytes: int | None = None  # a native plan's own measurement of its step, while planning
     refused: bool = False  # the planner raised BudgetInfeasible (min_budget_bytes: the least it named)
+    native_plan: bool = False  # the plan was a NativePlan (in the traced table: a model the tracer cannot follow)
 
     @property
     def plan_kind(self) -> str:
-        """``traced``, ``native`` or ``fallback`` (whole blocks, figures measured)."""
+        """``traced``, ``native`` or ``fallback`` (whole blocks, figures measured: rows of old runs)."""
+        if self.native_plan:
+            return "native"
         return self.executor if self.traced else "fallback"
 
     @property
@@ -262,7 +265,9 @@ CASES = [
          native_infeasible=_refused("the skip connections are held whatever is checkpointed (docs/native.md: no "
                                     "native plan below 60% on the benchmark U-Net)", "50%")),
     Case("nn-moe-top2", "torch.nn", _moe, fast_native=True),
-    Case("nn-control-flow", "torch.nn", _control_flow, note="untraceable: the fallback plan"),
+    Case("nn-moe-top2-sparse", "torch.nn", _sparse_moe,
+         note="untraceable (each expert runs its routed tokens only): a native plan from an eager step"),
+    Case("nn-control-flow", "torch.nn", _control_flow, note="untraceable: a native plan from an eager step"),
 ]
 BY_NAME = {case.name: case for case in CASES}
 
@@ -299,7 +304,7 @@ EXECUTORS = ("traced", "native")
 
 def _profile(case: Case, model, inputs, loss_fn, executor: str):
     """The profile ``planner.plan`` makes for this executor, once for both budgets; None when the
-    tracer cannot follow the model (the plan is then the fallback)."""
+    tracer cannot follow the model (the first plan's eager profile then serves the other budget)."""
     from planner.api import profile_for
 
     try:
@@ -315,7 +320,6 @@ def _plan(case: Case, model, inputs, loss_fn, budget: str, profile, executor: st
     from planner.planfile import PlanWarning
 
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", planner.FallbackWarning)
         warnings.simplefilter("ignore", PlanWarning)  # time figures under load: not checked here
         if executor == "native":
             return planner.plan(model, inputs, budget=budget, loss_fn=loss_fn, profile=profile)
@@ -372,6 +376,8 @@ def run_case(case: Case, budgets=BUDGETS, executor: str = "traced") -> list[Row]
             rows.append(row)
             started = time.perf_counter()
             continue
+        if profile is None and isinstance(plan, planner.NativePlan):
+            profile = plan.profile  # an untraceable model's eager profile: recorded once for both budgets
         planned = planner.apply(model, plan)
         try:
             measured = profiler.measure_step(planned, inputs, loss_fn=loss_fn, repeats=1)
@@ -388,7 +394,7 @@ def run_case(case: Case, budgets=BUDGETS, executor: str = "traced") -> list[Row]
             same_loss=bool(torch.equal(loss, reference[0])), same_rng=bool(torch.equal(rng, reference[2])),
             seconds=time.perf_counter() - started,
             infeasible_reason=declared.get(budget, ""), min_budget_bytes=-1 if budget in declared else 0,
-            executor=executor, regions=tuple(plan.regions) if native else (),
+            executor=executor, regions=tuple(plan.regions) if native else (), native_plan=native,
             plan_measured_bytes=plan.measured_peak_bytes if native else None,
         ))
         started = time.perf_counter()
@@ -397,7 +403,7 @@ def run_case(case: Case, budgets=BUDGETS, executor: str = "traced") -> list[Row]
 
 def _undo(model: nn.Module, planned: nn.Module) -> None:
     """Take a native plan off ``model`` before the next budget's: it checkpoints the model's own
-    modules in place (traced and fallback plans are new modules sharing the parameters)."""
+    modules in place (traced plans are new modules sharing the parameters)."""
     import runtime
 
     if planned is model:
@@ -506,7 +512,8 @@ model under `torch.utils.checkpoint` (docs/native.md), `"N%"` of the eager step'
 (**eager MiB**: the un-checkpointed step, output held through the backward, measured before planning).
 
 - **plan**: `native` (regions of the model's own modules, **checkpointed**: how many and the first
-  two) or `fallback` (the tracer cannot follow the model: whole blocks, figures measured);
+  two); a model the tracer cannot follow is planned the same way on its step recorded eagerly
+  (planner/untraced.py);
 - **refused**: `planner.BudgetInfeasible` with the least budget the native executor reaches
   (whole-step bytes); each such budget is declared in benchmarks/zoo.py with its cause.
 """,
@@ -516,8 +523,8 @@ Each case planned with the chain DP (`solver="dp"`, or the solver the case names
 traced executor (runtime/module.py); `"N%"` of the planner's predicted un-checkpointed peak
 (**unplanned MiB**).
 
-- **plan**: `traced` (the schedule runs the traced step) or `fallback` (the tracer cannot follow the
-  model: whole blocks checkpointed with torch.utils.checkpoint, figures measured, not predicted).
+- **plan**: `traced` (the schedule runs the traced step) or `native` (the tracer cannot follow the
+  model: no trace to schedule, so the plan is the native one made from its step recorded eagerly).
 """,
 }
 _BEGIN, _END = "<!-- zoo:{} begins: written by benchmarks/zoo.py -->", "<!-- zoo:{} ends -->"

@@ -253,6 +253,51 @@ def _moe():
     return MoEModel(), (torch.randn(8, 64, 16, generator=torch.Generator().manual_seed(1)),), _mse
 
 
+class SparseMoE(nn.Module):
+    """A mixture of experts with top-k routing as MoE layers run it: each expert computes only the
+    tokens routed to it (gathered by their indices, its weighted output added back by index), and an
+    expert no token chose is skipped. Shapes depend on the routing (``nonzero``) and so does the
+    control flow: the tracer cannot follow it (the plan is made from an eager step)."""
+
+    def __init__(self, width: int = 32, experts: int = 4, k: int = 2, hidden: int = 64):
+        super().__init__()
+        self.k = k
+        self.gate = nn.Linear(width, experts)
+        self.experts = nn.ModuleList(nn.Sequential(nn.Linear(width, hidden), nn.GELU(), nn.Dropout(0.1),
+                                                   nn.Linear(hidden, width)) for _ in range(experts))
+
+    def forward(self, x):
+        flat = x.reshape(-1, x.shape[-1])
+        top, index = self.gate(flat).softmax(-1).topk(self.k, dim=-1)
+        top = top / top.sum(-1, keepdim=True)
+        out = torch.zeros_like(flat)
+        for e, expert in enumerate(self.experts):
+            rows, slot = (index == e).nonzero(as_tuple=True)
+            if rows.numel() == 0:  # no token chose this expert
+                continue
+            out = out.index_add(0, rows, top[rows, slot].unsqueeze(-1) * expert(flat[rows]))
+        return x + out.reshape(x.shape)
+
+
+class SparseMoEModel(nn.Module):
+    def __init__(self, layers: int = 3, width: int = 32):
+        super().__init__()
+        self.embed = nn.Linear(16, width)
+        self.layers = nn.ModuleList(nn.Sequential(nn.LayerNorm(width), SparseMoE(width)) for _ in range(layers))
+        self.head = nn.Linear(width, 4)
+
+    def forward(self, x):
+        x = self.embed(x)
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(x)
+
+
+def _sparse_moe():
+    torch.manual_seed(0)
+    return SparseMoEModel(), (torch.randn(8, 64, 16, generator=torch.Generator().manual_seed(1)),), _mse
+
+
 class ControlFlowBlock(nn.Module):
     def __init__(self, width: int):
         super().__init__()

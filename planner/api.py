@@ -16,11 +16,13 @@ from solvers import Infeasible, simulate
 from solvers.store_all import store_all_schedule
 
 from .budget import format_bytes, parse_budget
-from .fallback import FallbackWarning, ModuleChainPlan, measure_planned_step, plan_module_chain
+from .fallback import FallbackWarning, ModuleChainPlan
+from .measured import measure_planned_step
 from .footprint import held_besides_schedule
 from .granularity import noted, solve_over_groupings
 from .native import NativePlan, distributed_problem, plan_native
 from .optimizer import OptimizerSpecError, optimizer_problem
+from .untraced import is_eager, plan_untraced
 from .planfile import Plan, load, profile_fields
 
 __all__ = ["BudgetInfeasible", "EXECUTORS", "profile_for", "FallbackWarning", "NativePlan", "SolverError", "Plan", "apply", "checkpoint",
@@ -93,9 +95,9 @@ def plan(
     compiled un-checkpointed step's measured peak. It calls ``torch._dynamo.reset()`` before each
     compile. ``BudgetInfeasible.min_budget`` is then the least compiled peak measured.
 
-    A model whose forward the tracer cannot follow (Python control flow on tensor values) gets a
-    :class:`planner.fallback.ModuleChainPlan` instead, with a :class:`FallbackWarning`: whole blocks
-    checkpointed with torch.utils.checkpoint, its figures measured (see :func:`plan_untraceable`).
+    A model whose forward the tracer cannot follow (Python control flow on tensor values,
+    data-dependent shapes) gets a :class:`NativePlan` planned on its step recorded eagerly, whatever
+    the executor asked for (no trace, no traced schedule; see :func:`plan_untraceable`).
 
     ``optimizer`` (native plans): a ``torch.optim.Optimizer`` over the model's parameters, or a name
     (``"adamw"``, ``"sgd-momentum"``...: planner.optimizer.OPTIMIZER_NAMES). The budget, the figures
@@ -122,11 +124,14 @@ def plan(
                             optimizer)
     if distributed is not None:
         raise SolverError("distributed= is accounted for by native plans only: use executor='native' (the default)")
+    if is_eager(profile):  # no trace to schedule: the native plan its first plan was
+        return plan_untraceable(model, example_inputs, parsed, loss_fn=loss_fn, time_limit=time_limit, profile=profile)
     if profile is None:
         try:
             profile = profiler.profile(model, example_inputs, loss_fn=loss_fn, granularity=granularity)
         except profiler.TraceError as error:
-            return plan_untraceable(model, example_inputs, parsed, loss_fn=loss_fn, reason=error.reason)
+            return plan_untraceable(model, example_inputs, parsed, loss_fn=loss_fn, reason=error.reason,
+                                    time_limit=time_limit)
     search = parse_granularity(granularity) == "auto"  # the profiler's choice: finer groupings are tried too
 
     def solve(budget_):
@@ -274,23 +279,29 @@ def _check_optimizer_with(executor: str, compile: bool, distributed) -> None:
                           "its step on each rank's shards; plan without optimizer= and leave them free in the budget")
 
 
+def _refuse_optimizer_untraced(optimizer, reason: str) -> None:
+    """optimizer= needs the traced step's gradients (planner/optimizer.py); an eagerly recorded step
+    (a model the tracer cannot follow) does not list them yet."""
+    if optimizer is not None:
+        raise SolverError(f"optimizer= is counted on the traced step, and this model's step cannot be traced "
+                          f"({reason}): its plan is made from an eagerly recorded step, which does not count the "
+                          "optimizer; plan without optimizer= and a budget that leaves the optimizer's state and "
+                          "step free")
+
+
 def _plan_native(model, example_inputs, parsed, loss_fn, time_limit, granularity, profile, distributed,
                  optimizer=None) -> Plan:
+    if is_eager(profile):  # recorded eagerly (a model the tracer cannot follow): planned as its first plan was
+        _refuse_optimizer_untraced(optimizer, profile.joint.reason)
+        return plan_untraceable(model, example_inputs, parsed, loss_fn=loss_fn, time_limit=time_limit,
+                                distributed=distributed, profile=profile)
     try:
         return plan_native(model, example_inputs, parsed, loss_fn=loss_fn, time_limit=time_limit,
                            granularity=granularity, profile=profile, distributed=distributed, optimizer=optimizer)
-    except profiler.TraceError as error:
-        if optimizer is not None:  # the fallback's measured blocks know nothing of the optimizer
-            raise SolverError(f"optimizer= is counted by native plans, and this model's step cannot be traced "
-                              f"({error.reason}): its fallback plan (whole blocks checkpointed, measured in this "
-                              "process) would not count it; plan without optimizer= and a budget that leaves the "
-                              "optimizer's state and step free") from None
-        if distributed is not None:  # the fallback's measured blocks know nothing of the wrapper
-            raise SolverError(f"distributed={distributed!r} is counted by native plans, and this model's step "
-                              f"cannot be traced ({error.reason}): its fallback plan (whole blocks checkpointed, "
-                              "measured in this process) would not count the wrapper; plan without distributed= "
-                              "and a budget that leaves the wrapper's memory free") from None
-        return plan_untraceable(model, example_inputs, parsed, loss_fn=loss_fn, reason=error.reason)
+    except profiler.TraceError as error:  # recorded eagerly instead (planner/untraced.py)
+        _refuse_optimizer_untraced(optimizer, error.reason)
+        return plan_untraceable(model, example_inputs, parsed, loss_fn=loss_fn, reason=error.reason,
+                                time_limit=time_limit, distributed=distributed)
     except BudgetInfeasible:
         raise
     except Infeasible as error:
@@ -316,7 +327,7 @@ def _plan_compiled(model, example_inputs, parsed, solver, executor, loss_fn, tim
                                     granularity=granularity, profile=profile)
     except profiler.TraceError as error:
         raise SolverError(f"compile=True plans regions from the model's trace, and this model's step cannot be traced "
-                          f"({error.reason}): plan without compile=True (a fallback plan of whole blocks) and wrap "
+                          f"({error.reason}): plan without compile=True (a native plan from an eager step) and wrap "
                           "the result in torch.compile") from None
     except BudgetInfeasible:
         raise
@@ -360,16 +371,22 @@ def _minimum_budget(profile, solver: str, time_limit, search: bool, unplanned_pe
 
 
 def plan_untraceable(model: torch.nn.Module, example_inputs, budget="100%", loss_fn: Callable | None = None,
-                     reason: str = "") -> ModuleChainPlan:
-    """The fallback for a model the tracer cannot follow (planner/fallback.py): checkpoint whole
-    blocks of its chain of repeated blocks with torch.utils.checkpoint, as few as make the measured
-    step fit ``budget``. Warns :class:`FallbackWarning`; raises :class:`BudgetInfeasible` with the
-    measured minimum, or :class:`planner.fallback.NoChainFound`."""
+                     reason: str = "", time_limit: float | None = None, distributed=None,
+                     profile: profiler.Profile | None = None) -> NativePlan:
+    """The plan for a model the tracer cannot follow: a :class:`NativePlan` like any other, its
+    step recorded eagerly op by op instead of traced (planner/untraced.py, profiler/eager.py),
+    predicted, measured once and repaired as native plans are. ``reason``: the tracer's error, kept
+    in the plan's solver message. ``profile``: the plan's ``profile`` (an eager one) from an earlier
+    call, to plan another budget without recording the step again. Raises :class:`BudgetInfeasible`
+    as :func:`plan` does."""
     parsed = parse_budget(budget)
     try:
-        return plan_module_chain(model, example_inputs, parsed, loss_fn=loss_fn, reason=reason)
+        return plan_untraced(model, example_inputs, parsed, loss_fn=loss_fn, time_limit=time_limit, reason=reason,
+                             distributed=distributed, profile=profile)
+    except BudgetInfeasible:
+        raise
     except Infeasible as error:
-        raise BudgetInfeasible(f"budget {parsed}: {error}", min_budget=error.min_budget, method=error.method) from None
+        raise BudgetInfeasible(str(error), min_budget=error.min_budget, method=error.method) from None
 
 
 def apply(model: torch.nn.Module, plan: Plan, compile: bool = False) -> torch.nn.Module:

@@ -8,7 +8,7 @@ checkpoints what the compiled step does not need. There is no model of inductor 
 is measured.
 
 1. The model compiled with nothing checkpointed is measured (peak and step time, one training step
-   on the example inputs: :func:`planner.fallback.measure_planned_step`, the CPU allocator's events
+   on the example inputs: :func:`planner.measured.measure_planned_step`, the CPU allocator's events
    replayed, ``max_memory_allocated`` on CUDA). ``"N%"`` budgets are N% of **this** peak. When it
    fits, the plan checkpoints nothing.
 2. Otherwise the candidates are eager native plans (planner/native.py, ``plan_native(...,
@@ -41,7 +41,7 @@ from runtime.native import apply_native, remove_native
 from solvers import Infeasible
 
 from .budget import Budget, format_bytes
-from .fallback import measure_planned_step
+from .measured import measure_planned_step
 from .native import NativePlan, plan_native, refuse_wrapped
 from .planfile import PlanFileError, _list, _mapping, _seconds, _text, _whole
 
@@ -192,7 +192,7 @@ class _Search:
 
 def measure_compiled(model: torch.nn.Module, regions, example_inputs, loss_fn, repeats: int = REPEATS):
     """One training step of ``torch.compile(model)`` with ``regions`` checkpointed (runtime/native.py),
-    measured as the user's step would be (:func:`planner.fallback.measure_planned_step`: a compiling
+    measured as the user's step would be (:func:`planner.measured.measure_planned_step`: a compiling
     warm-up step, the measured step, then ``repeats`` timed ones; the parameters' ``.grad`` left as
     they were), then undone. ``torch._dynamo.reset()`` before and after."""
     torch._dynamo.reset()

@@ -421,8 +421,8 @@ def measure_native(model: torch.nn.Module, regions, example_inputs, loss_fn, rep
     parameters' ``.grad`` are left as they were: a planning step's gradients would otherwise be
     added to the user's first real step's (RNG and buffers are restored by measure_step).
     ``warm_up=False``: no warm-up step before the measured one on CPU (the model ran in this process
-    already: planner/fallback.py, measure_planned_step)."""
-    from .fallback import measure_planned_step  # measure_step, the parameters' .grad restored
+    already: planner/measured.py)."""
+    from .measured import measure_planned_step  # measure_step, the parameters' .grad restored
 
     try:
         apply_native(model, regions)

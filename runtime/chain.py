@@ -1,8 +1,9 @@
 """Checkpoint whole blocks with ``torch.utils.checkpoint``: the runtime of a module-chain plan.
 
-A module-chain plan (planner/fallback.py) is what ``planner.plan`` makes when the tracer cannot
-follow the model's forward (Python control flow on tensor values): it names blocks of the model's
-chain of repeated blocks to checkpoint. Each named block runs under
+A module-chain plan (planner/fallback.py) is what ``planner.plan`` made, before such models got
+native plans (planner/untraced.py), when the tracer could not follow the model's forward (Python
+control flow on tensor values); its plan files still load and run here. It names blocks of the
+model's chain of repeated blocks to checkpoint. Each named block runs under
 ``torch.utils.checkpoint.checkpoint(use_reentrant=False, preserve_rng_state=True)``, which keeps
 only the block's inputs and recomputes the block in the backward, replaying its random draws, so
 gradients equal the original's. Eager PyTorch runs everything, so any control flow works.
@@ -132,8 +133,8 @@ def _check_shapes(module: torch.nn.Module, args: tuple, kwargs: dict):
 
 def checkpoint_blocks(model: torch.nn.Module, paths: Iterable[str]) -> torch.nn.Module:
     """A copy of ``model``'s module tree (sharing its parameter and buffer tables) whose submodules at
-    ``paths`` run under torch.utils.checkpoint in training (no checks: planner/fallback.py measures
-    candidates with it)."""
+    ``paths`` run under torch.utils.checkpoint in training (no checks: :func:`apply_module_chain`
+    checks the plan first)."""
     planned, _ = copy_module_tree(model)
     for path in paths:
         block = planned.get_submodule(path) if path else planned

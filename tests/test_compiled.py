@@ -105,7 +105,7 @@ def test_a_hugging_face_model_planned_and_compiled():
     assert measured.peak_bytes <= planned.plan.budget_bytes
 
 
-def test_a_fallback_plan_is_not_compiled():
+def test_an_untraced_plan_is_a_native_plan_compiled_by_torch_compile_not_by_apply():
     class Untraceable(torch.nn.Module):
         def __init__(self):
             super().__init__()
@@ -115,7 +115,7 @@ def test_a_fallback_plan_is_not_compiled():
             return self.blocks(x) if x.sum() > 0 else -self.blocks(x)
 
     model, inputs = Untraceable(), (torch.ones(2, 8),)
-    with pytest.warns(UserWarning):
-        plan = planner.plan(model, inputs, budget="100%")
-    with pytest.raises(ValueError, match="fallback plan"):
+    plan = planner.plan(model, inputs, budget="100%")
+    assert isinstance(plan, planner.NativePlan)
+    with pytest.raises(ValueError, match="a native plan runs the model's own forward"):
         planner.apply(model, plan, compile=True)

@@ -215,9 +215,12 @@ def test_distributed_mistakes_are_named():
         planner.plan(model, (torch.randn(2, 32),), distributed="zero3")
 
 
-def test_distributed_on_an_untraceable_model_is_refused_not_ignored():
-    """The fallback plan (whole blocks, measured in this process) cannot count a wrapper: refused."""
+def test_distributed_on_an_untraceable_model_is_counted():
+    """Its native plan (from an eager step) counts the wrapper as a traced model's does."""
     from test_models import UNTRACEABLE_INPUTS, Untraceable
 
-    with pytest.raises(planner.SolverError, match="would not count the wrapper"):
-        planner.plan(Untraceable(), UNTRACEABLE_INPUTS, budget="90%", distributed="ddp")
+    model = Untraceable()
+    plan = planner.plan(model, UNTRACEABLE_INPUTS, budget="90%", distributed="ddp")
+    buckets = sum(p.numel() * p.element_size() for p in model.parameters())
+    assert plan.distributed == "ddp" and plan.wrapper_bytes == buckets
+    assert plan.measured_peak_bytes <= plan.budget_bytes

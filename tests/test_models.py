@@ -10,6 +10,7 @@ running statistics (test_runtime.py) are covered there; here they appear inside 
 from __future__ import annotations
 
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -200,7 +201,7 @@ def test_a_plan_made_without_autocast_is_refused_under_autocast():
         planned(*inputs)
 
 
-# -- Python control flow the tracer cannot follow: checkpoint whole blocks ---------------------------------
+# -- Python control flow the tracer cannot follow: a native plan from an eager step -------------------------
 class Block(nn.Module):
     def __init__(self, width: int):
         super().__init__()
@@ -229,107 +230,69 @@ class Untraceable(nn.Module):
 
 
 UNTRACEABLE_INPUTS = (torch.randn(64, 64, generator=torch.Generator().manual_seed(3)),)
+# A plan file of the format such models got before they got native plans (planner/fallback.py),
+# written by that version of planner.plan(Untraceable(), UNTRACEABLE_INPUTS, budget="90%").
+MODULE_CHAIN_PLAN = Path(__file__).parent / "data" / "module-chain-plan.json"
 
 
 @pytest.fixture(scope="module")
-def fallback():
+def untraced():
     model = Untraceable()
     with pytest.raises(profiler.TraceError):
         profiler.profile(model, UNTRACEABLE_INPUTS)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         plan = planner.plan(model, UNTRACEABLE_INPUTS, budget="90%")
-    return model, plan, [w for w in caught if issubclass(w.category, planner.FallbackWarning)]
+    return model, plan, caught
 
 
-def test_untraceable_model_falls_back_to_checkpointing_blocks_and_says_so(fallback):
-    model, plan, caught = fallback
-    assert len(caught) == 1 and "torch.utils.checkpoint" in str(caught[0].message)
-    assert plan.chain.container == "blocks" and len(plan.chain.blocks) == 6
-    assert 0 < len(plan.chain.checkpointed) <= 6
-    assert plan.method == "module-chain" and "FALLBACK" in plan.summary() and "measured" in plan.fallback
-    assert plan.predicted_peak_bytes <= plan.budget_bytes < plan.unplanned_peak_bytes
-    planned = planner.apply(model, plan)
+def test_untraceable_model_gets_a_native_plan_and_says_how_it_was_profiled(untraced):
+    model, plan, caught = untraced
+    assert not [w for w in caught if issubclass(w.category, planner.FallbackWarning)]
+    assert isinstance(plan, planner.NativePlan) and plan.method == "regions" and plan.regions
+    assert "profiled from an eager step: the tracer cannot follow the model" in plan.schedule.info.message
+    assert plan.measured_peak_bytes <= plan.budget_bytes < plan.unplanned_peak_bytes
+    assert abs(plan.predicted_peak_bytes - plan.measured_peak_bytes) <= 0.02 * plan.measured_peak_bytes
+    reference = Untraceable()
+    assert planner.apply(model, plan) is model
+    assert list(model.state_dict()) == list(reference.state_dict())
+    assert_same_step(reference, model, UNTRACEABLE_INPUTS, None)  # dropout replayed: bit-identical
+    runtime.remove_native(model)
+
+
+def test_a_module_chain_plan_file_still_loads_and_applies():
+    loaded = planner.load(MODULE_CHAIN_PLAN)
+    assert isinstance(loaded, planner.fallback.ModuleChainPlan) and loaded.chain.checkpointed == ("blocks.3", "blocks.4")
+    model = Untraceable()
+    planned = planner.apply(model, loaded)
     checkpointed = {f"blocks.{i}" for i in range(6) if type(planned.blocks[i]).__name__ == "CheckpointedBlock"}
-    assert checkpointed == set(plan.chain.checkpointed)
+    assert checkpointed == set(loaded.chain.checkpointed)
     assert all(type(b) is Block for b in model.blocks)  # the original is untouched
-    assert list(planned.state_dict()) == list(model.state_dict())
     assert all(a is b for a, b in zip(planned.parameters(), model.parameters()))
-    assert_same_step(model, planned, UNTRACEABLE_INPUTS, None)  # dropout replayed: bit-identical
-
-
-def test_fallback_figures_are_measured(fallback):
-    model, plan, _ = fallback
-    measured = profiler.measure_step(planner.apply(model, plan), UNTRACEABLE_INPUTS, repeats=1)
-    assert abs(measured.peak_bytes - plan.predicted_peak_bytes) <= 0.02 * plan.predicted_peak_bytes
-    assert plan.to_dict()["figures"] == "measured"
-
-
-def test_fallback_plan_saves_loads_and_refuses_another_model(fallback, tmp_path):
-    model, plan, _ = fallback
-    path = tmp_path / "plan.json"
-    plan.save(path)
-    loaded = planner.load(path)
-    assert isinstance(loaded, planner.fallback.ModuleChainPlan) and loaded.chain == plan.chain
-    assert_same_step(model, planner.apply(model, loaded), UNTRACEABLE_INPUTS, None)
+    assert_same_step(model, planned, UNTRACEABLE_INPUTS, None)
     with pytest.raises(runtime.PlanMismatch, match="different model"):
         planner.apply(Untraceable(width=32), loaded)
     with pytest.raises(runtime.PlanMismatch, match="does not have"):
         planner.apply(Untraceable(blocks=4), loaded)
 
 
-def test_fallback_budget_below_the_measured_minimum(fallback):
-    model, _, _ = fallback
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", planner.FallbackWarning)
-        with pytest.raises(planner.BudgetInfeasible, match="measured with all 6 blocks checkpointed") as raised:
-            planner.plan(model, UNTRACEABLE_INPUTS, budget=1)
-    assert raised.value.min_budget > 1
+def test_untraceable_budget_below_the_least_plan(untraced):
+    model, _, _ = untraced
+    with pytest.raises(planner.BudgetInfeasible, match="below the least"):
+        planner.plan(model, UNTRACEABLE_INPUTS, budget=1)
 
 
-def test_untraceable_model_without_a_chain_is_a_clear_error():
+def test_untraceable_model_without_repeated_blocks_is_planned_natively():
     class NoChain(nn.Module):
         def __init__(self):
             super().__init__()
-            self.a = nn.Linear(4, 4)
+            self.a, self.b = nn.Linear(4, 4), nn.Linear(4, 4)
 
         def forward(self, x):
-            return self.a(x) * 2 if x.sum() > 0 else self.a(x)
+            return self.b(torch.tanh(self.a(x))) * 2 if x.sum() > 0 else self.b(self.a(x))
 
-    with pytest.raises(profiler.CaptureError, match="no chain of blocks"):
-        planner.plan(NoChain(), (torch.randn(2, 4),), budget="50%")
-
-
-def test_fallback_from_the_command_line(tmp_path):
-    from test_cli import model_file, run
-
-    text = """
-    import torch
-    from torch import nn
-
-    class Block(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.linear = nn.Linear(64, 64)
-
-        def forward(self, x):
-            h = torch.tanh(self.linear(x))
-            return x + (h * 2 if h.mean() > 0 else h)
-
-    def build_model():
-        torch.manual_seed(0)
-        return nn.Sequential(*[Block() for _ in range(4)])
-
-    def example_inputs():
-        return (torch.randn(64, 64, generator=torch.Generator().manual_seed(0)),)
-    """
-    out = tmp_path / "plan.json"
-    result = run(model_file(tmp_path, text), "--budget", "100%", "--out", out)
-    assert result.returncode == 0, result.stderr
-    assert "Traceback" not in result.stderr
-    assert "\nplan-checkpoints: warning: could not trace" in "\n" + result.stderr  # after the progress lines
-    assert "FALLBACK" in result.stdout and "Measured peak" in result.stdout
-    assert planner.load(out).chain.container == ""  # the Sequential model itself is the chain
+    plan = planner.plan(NoChain(), (torch.randn(2, 4),), budget="100%")
+    assert isinstance(plan, planner.NativePlan) and plan.regions == ()
 
 
 def test_outputs_are_rebuilt_with_their_structure():

@@ -8,7 +8,7 @@ Each case is built from a tiny configuration with dropout on, planned, applied a
   events, must be within the budget and within 2% of the prediction; or the planner refuses with a
   ``BudgetInfeasible`` naming its least budget, for budgets the case declares with their cause;
 - **traced** (the chain DP, or the solver the case names, run by the traced executor): the same
-  checks (a fallback plan's figures are measured, so only the budget applies).
+  checks (a model the tracer cannot follow gets its native plan there too).
 
 In both, the loss, gradients and RNG state after the step must equal the unplanned model's from
 the same seed, bit for bit (so every dropout mask is the same).
@@ -45,8 +45,8 @@ def check(case, executor: str):
     return rows
 
 
-# The subsets are small to keep the default run within its time: the fallback path (nn-control-flow)
-# is covered by tests/test_models.py, the dropout masks of a ViT on nn.TransformerEncoder (nn-vit)
+# The subsets are small to keep the default run within its time: the untraceable models
+# (nn-control-flow, nn-moe-top2-sparse) are covered by tests/test_untraced.py, the dropout masks of a ViT on nn.TransformerEncoder (nn-vit)
 # by tests/test_profiler.py's transposed-activation test; both run under -m zoo.
 # nn-lstm (Case.fast) runs under -m zoo only: tests/test_profiler.py::
 # test_an_lstm_plans_and_runs_with_the_same_gradients plans the same RecurrentLM (a 4-layer LSTM of

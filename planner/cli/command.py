@@ -234,7 +234,7 @@ def run_plan(argv: list[str]) -> int:
         with progress.task(f"Loading {args.model}"):
             model_file = load_model_file(model_path, args.model_fn, args.inputs_fn, args.device,
                                          optimizer_fn=args.optimizer_fn)
-        # The model's forward and loss run from here on (profiling, the fallback's measurements): a
+        # The model's forward and loss run from here on (profiling, the eager recording's measurements): a
         # sys.exit() or os._exit() in them is the model file's error, not the end of the command.
         with guarded(model_path, "in the model's forward or loss_fn"):
             try:
@@ -275,18 +275,19 @@ def _make_plan(args, model_file, budget, progress):
         try:
             profile = api.profile_for(model_file.model, model_file.example_inputs, loss_fn=model_file.loss_fn,
                                       granularity=args.granularity, solver=args.solver, executor=args.executor)
-        except profiler.TraceError as error:  # planner/fallback.py: checkpoint whole blocks instead
+        except profiler.TraceError as error:  # planner/untraced.py: a native plan from an eager step instead
             untraceable = error
     optimizer = args.optimizer if args.optimizer is not None else model_file.optimizer
     if untraceable is not None and optimizer is not None:
         raise api.SolverError(f"--optimizer is counted by native plans, and this model's step cannot be traced "
-                              f"({untraceable.reason}): its fallback plan (whole blocks checkpointed) would not count "
-                              "it; plan without --optimizer and a budget that leaves the optimizer's memory free")
+                              f"({untraceable.reason}): its plan is made from an eagerly recorded step, which does "
+                              "not count it; plan without --optimizer and a budget that leaves the optimizer's memory free")
     if untraceable is not None:
         os.environ.setdefault("KINETO_LOG_LEVEL", "99")  # the measuring profiler's start/stop lines
-        with progress.task("Could not trace the model; measuring whole blocks to checkpoint"):
+        with progress.task("Could not trace the model; recording an eager step and planning on it"):
             return api.plan_untraceable(model_file.model, model_file.example_inputs, budget,
-                                        loss_fn=model_file.loss_fn, reason=untraceable.reason)
+                                        loss_fn=model_file.loss_fn, reason=untraceable.reason,
+                                        time_limit=args.time_limit)
     limit = f" (time limit {args.time_limit:g} s)" if args.time_limit else ""
     _import_backend(args.solver)
     with progress.task(f"Solving with {args.solver}{limit}"):
