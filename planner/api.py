@@ -15,6 +15,7 @@ from profiler.state import cuda_devices
 from solvers import Infeasible, simulate
 from solvers.store_all import store_all_schedule
 
+from .bounded import check_within_device, device_memory_of, profiling_bound
 from .budget import format_bytes, parse_budget
 from .fallback import FallbackWarning, ModuleChainPlan, measure_planned_step, plan_module_chain
 from .footprint import held_besides_schedule
@@ -53,6 +54,7 @@ def plan(
     executor: str | None = None,
     distributed: str | None = None,
     compile: bool = False,
+    device_memory=None,
 ) -> Plan:
     """Profile ``model``'s training step on ``example_inputs`` and solve for ``budget``.
 
@@ -91,6 +93,14 @@ def plan(
     compiled un-checkpointed step's measured peak. It calls ``torch._dynamo.reset()`` before each
     compile. ``BudgetInfeasible.min_budget`` is then the least compiled peak measured.
 
+    ``device_memory`` (bytes, or a size such as ``"8GiB"``; planner/bounded.py) is what the device
+    holds for the step; by default on CUDA its free memory, on CPU an address-space limit's, else
+    none. A byte budget above it is refused (:class:`planner.bounded.DeviceMemoryError`) before
+    anything runs; profiling holds at most the lower of the two (evicting and recomputing values:
+    profiler/rematerialize.py), and a ``"N%"`` budget is of the predicted un-checkpointed peak when
+    that step would not fit the device (it is not run). An allocation the device refuses while
+    profiling or measuring raises :class:`profiler.oom.OutOfMemory`.
+
     A model whose forward the tracer cannot follow (Python control flow on tensor values) gets a
     :class:`planner.fallback.ModuleChainPlan` instead, with a :class:`FallbackWarning`: whole blocks
     checkpointed with torch.utils.checkpoint, its figures measured (see :func:`plan_untraceable`).
@@ -102,16 +112,20 @@ def plan(
     executor = _executor(executor, solver)
     if distributed_problem(distributed):
         raise SolverError(distributed_problem(distributed) + " (docs/native.md, 'Several processes')")
+    device = device_memory_of(model, example_inputs, device_memory)
+    check_within_device(parsed, parsed.bytes, device)
     if compile:
         return _plan_compiled(model, example_inputs, parsed, solver, executor, loss_fn, time_limit, granularity,
                               profile, distributed)
     if executor == "native":
-        return _plan_native(model, example_inputs, parsed, loss_fn, time_limit, granularity, profile, distributed)
+        return _plan_native(model, example_inputs, parsed, loss_fn, time_limit, granularity, profile, distributed,
+                            device)
     if distributed is not None:
         raise SolverError("distributed= is accounted for by native plans only: use executor='native' (the default)")
     if profile is None:
         try:
-            profile = profiler.profile(model, example_inputs, loss_fn=loss_fn, granularity=granularity)
+            profile = profiler.profile(model, example_inputs, loss_fn=loss_fn, granularity=granularity,
+                                       memory_bound=profiling_bound(parsed, device))
         except profiler.TraceError as error:
             return plan_untraceable(model, example_inputs, parsed, loss_fn=loss_fn, reason=error.reason)
     search = parse_granularity(granularity) == "auto"  # the profiler's choice: finer groupings are tried too
@@ -121,6 +135,7 @@ def plan(
                                  model_name=type(model).__name__)
 
     made = solve(parsed)
+    check_within_device(parsed, made.budget_bytes, device)
     if not cuda_devices([*model.parameters()]):
         return made  # the CPU allocator's events are what the profiler replays: the prediction is the peak
     return repaired_on_measurement(made, solve, lambda p: _measure_traced(model, p, example_inputs, loss_fn))
@@ -225,15 +240,19 @@ def plan_from_profile(profile: profiler.Profile, budget="100%", solver: str = "a
 
 
 def profile_for(model: torch.nn.Module, example_inputs, loss_fn: Callable | None = None, granularity="module",
-                solver: str = "auto", executor: str | None = None) -> profiler.Profile:
+                solver: str = "auto", executor: str | None = None, memory_bound: int | None = None
+                ) -> profiler.Profile:
     """The profile :func:`plan` makes for these arguments, to pass back as ``plan(..., profile=)``: the
     native executor plans what eager autograd runs (the cross-entropy backward unfused), the traced
-    one what its trace runs (fused, profiler/fusions.py)."""
+    one what its trace runs (fused, profiler/fusions.py). ``memory_bound``: bytes profiling may hold
+    (planner/bounded.py, ``profiling_bound``)."""
     native = _executor(executor, solver) == "native"
     if not native:
-        return profiler.profile(model, example_inputs, loss_fn=loss_fn, granularity=granularity, fuse_loss=True)
+        return profiler.profile(model, example_inputs, loss_fn=loss_fn, granularity=granularity, fuse_loss=True,
+                                memory_bound=memory_bound)
     with staged_for_trace(model):  # as plan_native traces: a stacked RNN's layers as modules
-        return profiler.profile(model, example_inputs, loss_fn=loss_fn, granularity=granularity, fuse_loss=False)
+        return profiler.profile(model, example_inputs, loss_fn=loss_fn, granularity=granularity, fuse_loss=False,
+                                memory_bound=memory_bound)
 
 
 def _executor(executor: str | None, solver: str) -> str:
@@ -250,10 +269,12 @@ def _executor(executor: str | None, solver: str) -> str:
     return executor
 
 
-def _plan_native(model, example_inputs, parsed, loss_fn, time_limit, granularity, profile, distributed) -> Plan:
+def _plan_native(model, example_inputs, parsed, loss_fn, time_limit, granularity, profile, distributed,
+                 device_memory: int | None = None) -> Plan:
     try:
         return plan_native(model, example_inputs, parsed, loss_fn=loss_fn, time_limit=time_limit,
-                           granularity=granularity, profile=profile, distributed=distributed)
+                           granularity=granularity, profile=profile, distributed=distributed,
+                           device_memory=device_memory)
     except profiler.TraceError as error:
         if distributed is not None:  # the fallback's measured blocks know nothing of the wrapper
             raise SolverError(f"distributed={distributed!r} is counted by native plans, and this model's step "

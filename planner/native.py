@@ -27,6 +27,7 @@ import torch
 import profiler
 from profiler.costgraph import fingerprint as graph_fingerprint
 from profiler.inputs import normalise_inputs
+from profiler.oom import reported_out_of_memory
 from profiler.state import cuda_devices, rng_state_bytes
 from runtime.chain import module_fingerprint
 from runtime.native import apply_native, input_shapes, parse_region, remove_native
@@ -35,6 +36,7 @@ from solvers import Infeasible
 from solvers.regions import SAVE_POLICIES, RegionPlan, candidate_regions, plan_regions, region_costs
 from solvers.schedule import SolverInfo
 
+from .bounded import check_within_device, predicted_step_fits, profiling_bound
 from .budget import Budget, format_bytes
 from .planfile import FORMAT as PLAN_FORMAT
 from .planfile import Plan, PlanFileError, PlanWarning, _list, _text, _whole, profile_fields
@@ -59,6 +61,9 @@ class NativePlan(Plan):
     measured_seconds: float | None = None
     distributed: str | None = None  # the wrapper counted (describe_distributed), None for none
     wrapper_bytes: int = 0  # what it changes per device against the unwrapped step (may be negative)
+    # The un-checkpointed step was not run (its predicted peak is above the device: planner/bounded.py),
+    # so a "N%" budget is of its predicted peak, not of a measured one.
+    unplanned_peak_predicted: bool = False
 
     @property
     def executor(self) -> str:
@@ -67,11 +72,13 @@ class NativePlan(Plan):
     def summary(self) -> str:
         saving = 1 - self.predicted_peak_bytes / self.unplanned_peak_bytes if self.unplanned_peak_bytes else 0.0
         shown = ", ".join(self.regions[:8]) + (f" and {len(self.regions) - 8} more" if len(self.regions) > 8 else "")
+        of_predicted = (" of the predicted un-checkpointed peak: that step exceeds the device and was not run"
+                        if self.unplanned_peak_predicted else "")
         lines = [
             f"Model:             {self.model or '?'}; inputs {', '.join(self.inputs) or '?'}",
             "Executor:          native (torch.utils.checkpoint on the model's own modules)",
-            f"Budget:            {format_bytes(self.budget_bytes)} ({self.budget_text}) for the whole step; "
-            f"parameters, buffers, inputs and saved RNG states take {format_bytes(self.fixed_bytes)}",
+            f"Budget:            {format_bytes(self.budget_bytes)} ({self.budget_text}{of_predicted}) for the whole "
+            f"step; parameters, buffers, inputs and saved RNG states take {format_bytes(self.fixed_bytes)}",
             f"Predicted peak:    {format_bytes(self.predicted_peak_bytes)}, without checkpointing "
             f"{format_bytes(self.unplanned_peak_bytes)} ({saving:.1%} less)",
         ]
@@ -98,6 +105,7 @@ class NativePlan(Plan):
         data["measured_seconds"] = self.measured_seconds
         data["distributed"] = self.distributed
         data["wrapper_bytes"] = self.wrapper_bytes
+        data["unplanned_peak_predicted"] = self.unplanned_peak_predicted
         return data
 
     @classmethod
@@ -118,13 +126,16 @@ class NativePlan(Plan):
             wrapper = data.get("wrapper_bytes", 0)
             if isinstance(wrapper, bool) or not isinstance(wrapper, int):
                 raise TypeError(f"wrapper_bytes is {type(wrapper).__name__}, not a whole number")
+            predicted_only = data.get("unplanned_peak_predicted", False)  # absent from plans made before
+            if not isinstance(predicted_only, bool):
+                raise TypeError(f"unplanned_peak_predicted is {type(predicted_only).__name__}, not true or false")
         except (KeyError, TypeError, ValueError) as error:
             raise PlanFileError(f"{source} is not a valid plan: {type(error).__name__}: {error}") from None
         plain = Plan.from_dict({**data, "format": PLAN_FORMAT}, source)
         fields_ = {name: getattr(plain, name) for name in Plan.__dataclass_fields__}
         return cls(**fields_, regions=regions, input_shapes=shapes, measured_peak_bytes=measured,
                    measured_seconds=None if seconds is None else float(seconds), distributed=distributed,
-                   wrapper_bytes=wrapper)
+                   wrapper_bytes=wrapper, unplanned_peak_predicted=predicted_only)
 
 
 def sequential_containers(model: torch.nn.Module) -> dict[str, int]:
@@ -409,7 +420,8 @@ def measure_native(model: torch.nn.Module, regions, example_inputs, loss_fn, rep
 
     try:
         apply_native(model, regions)
-        return measure_planned_step(model, example_inputs, loss_fn, repeats, warm_up=warm_up)
+        with reported_out_of_memory("measuring the planned step" if regions else "measuring the un-checkpointed step"):
+            return measure_planned_step(model, example_inputs, loss_fn, repeats, warm_up=warm_up)
     finally:
         remove_native(model)
 
@@ -417,15 +429,23 @@ def measure_native(model: torch.nn.Module, regions, example_inputs, loss_fn, rep
 def plan_native(model: torch.nn.Module, example_inputs, budget: Budget, loss_fn=None,
                 time_limit: float | None = None, granularity="module",
                 profile: profiler.Profile | None = None, measure: bool = True,
-                distributed: str | None = None, policies: Sequence[str] = tuple(SAVE_POLICIES)) -> NativePlan:
+                distributed: str | None = None, policies: Sequence[str] = tuple(SAVE_POLICIES),
+                device_memory: int | None = None) -> NativePlan:
     """A :class:`NativePlan` for ``budget``: see the module docstring. Raises :class:`Infeasible`
     (``min_budget`` in whole-step bytes) when no set of regions fits.
+
+    ``device_memory`` (bytes; planner/bounded.py): profiling holds at most the lower of it and a
+    byte budget, the un-checkpointed step is run (for a ``"N%"`` budget) only when its predicted peak
+    fits it, else N% is of the predicted peak; a budget above it is refused
+    (:class:`planner.bounded.DeviceMemoryError`).
 
     ``distributed`` (``"ddp"``, ``"fsdp2"`` or an :class:`FSDP2`) counts what the wrapper changes on
     each device (:func:`wrapper_bytes`) in the predicted and in the measured peak (the measurement
     runs unwrapped, in this process, and adds those bytes), and in the base of a ``"N%"`` budget.
     ``policies`` restricts the save policies the search may use (benchmarks/policies.py compares)."""
     refuse_wrapped(model)
+    check_within_device(budget, budget.bytes, device_memory)
+    bound = profiling_bound(budget, device_memory)
     extra = wrapper_bytes(model, distributed)
     remove_native(model)  # re-planning a model planned before: trace its own forward
     # Profiling runs every op of the step: the measurements after it need no warm-up step (on CPU).
@@ -435,7 +455,8 @@ def plan_native(model: torch.nn.Module, example_inputs, budget: Budget, loss_fn=
         # autograd runs the cross-entropy backward as two logits-sized ops. Single ops, the grouping
         # the region search reads (``granularity`` groups the traced executor's).
         with staged_for_trace(model):
-            profile = profiler.profile(model, example_inputs, loss_fn=loss_fn, granularity="op", fuse_loss=False)
+            profile = profiler.profile(model, example_inputs, loss_fn=loss_fn, granularity="op", fuse_loss=False,
+                                       memory_bound=bound)
     op_graph = profile.regroup("op").graph
     fixed = _fixed_bytes(op_graph) + extra
     from solvers.regions import evaluate
@@ -443,13 +464,15 @@ def plan_native(model: torch.nn.Module, example_inputs, budget: Budget, loss_fn=
     unplanned = evaluate(op_graph, ())
     unplanned_peak = fixed + unplanned.outcome.peak_bytes
     eager = None
-    if measure and budget.percent is not None:
+    predicted_only = budget.percent is not None and not predicted_step_fits(unplanned_peak, bound)
+    if measure and budget.percent is not None and not predicted_only:
         # "N%" is of the eager step's measured peak (docs/native.md, "Which step '100%' is").
         # Its peak alone (its time is not used: the plan's own step is timed) where profiling warmed up.
         eager = measure_native(model, (), example_inputs, loss_fn, repeats=0 if warm else 1, warm_up=not warm)
         eager = replace(eager, peak_bytes=eager.peak_bytes + extra)
         unplanned_peak = eager.peak_bytes
     budget_bytes = budget.resolve(unplanned_peak)
+    check_within_device(budget, budget_bytes, device_memory)
     target = budget_bytes
     measured = None
     solving = 0.0  # seconds in the search, the measurements apart
@@ -468,8 +491,10 @@ def plan_native(model: torch.nn.Module, example_inputs, budget: Budget, loss_fn=
             solving += time.perf_counter() - search_started
         except Infeasible as error:
             minimum = error.min_budget  # whole-step bytes (solve_native)
+            # Measured only where the least plan's predicted peak is within the device too.
+            near_miss = measure and (device_memory is None or (minimum or 0) <= device_memory)
             least = _least_if_it_measures_within(profile, model, example_inputs, loss_fn, distributed, policies,
-                                                 budget_bytes, minimum, measure, time_limit, warm_up=not warm)
+                                                 budget_bytes, minimum, near_miss, time_limit, warm_up=not warm)
             if least is not None:
                 solved, held, measured = least
                 break
@@ -494,6 +519,7 @@ def plan_native(model: torch.nn.Module, example_inputs, budget: Budget, loss_fn=
                         unplanned.outcome.compute_cost, measured, solving)
     plan.distributed = describe_distributed(model, distributed)
     plan.wrapper_bytes = wrapper_bytes(model, distributed, solved.regions)
+    plan.unplanned_peak_predicted = predicted_only
     _check_times(plan)
     plan.input_shapes = input_shapes(*normalise_inputs(example_inputs))
     return plan
