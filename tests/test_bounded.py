@@ -324,3 +324,31 @@ def test_an_allocation_the_cap_refuses_is_out_of_memory_not_the_models_fault(tmp
     assert len(errors) == 1 and "out of memory on cpu: " in errors[0] and " bytes asked, " in errors[0], done.stderr
     assert "the model raised" not in done.stderr and "Traceback" not in done.stderr
     assert not out.exists()
+
+
+def test_a_percentage_of_a_step_the_device_cannot_hold_is_of_its_predicted_peak(monkeypatch, tmp_path):
+    """"50%" with the device below the un-checkpointed step: that step is never run, the budget is
+    half its predicted peak, and the summary and the saved plan say so."""
+    import planner.native as native
+    from models import residual_mlp
+
+    model, inputs = residual_mlp(width=32, hidden=256, depth=6), (torch.randn(512, 32),)
+    measured = []
+    real_measure = native.measure_native
+
+    def recording(model_, regions, *args, **kwargs):
+        measured.append(tuple(regions))
+        return real_measure(model_, regions, *args, **kwargs)
+
+    monkeypatch.setattr(native, "measure_native", recording)
+    fits = planner.plan(model, inputs, "50%")
+    assert () in measured and not fits.unplanned_peak_predicted  # the step fits no device bound: measured
+    measured.clear()
+    device = int(0.8 * fits.unplanned_peak_bytes)
+    made = planner.plan(model, inputs, "50%", device_memory=device)
+    assert () not in measured and measured  # the plan was measured, the un-checkpointed step never run
+    assert made.unplanned_peak_predicted
+    assert made.budget_bytes == int(made.unplanned_peak_bytes * 0.5) and made.budget_bytes < device
+    assert "of the predicted un-checkpointed peak" in made.summary()
+    made.save(tmp_path / "plan.json")
+    assert planner.load(tmp_path / "plan.json").unplanned_peak_predicted
