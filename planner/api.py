@@ -11,6 +11,7 @@ import profiler
 import runtime
 from runtime.rnn import staged_for_trace
 from profiler.api import parse_granularity
+from profiler.oom import reported_out_of_memory
 from profiler.state import cuda_devices
 from solvers import Infeasible, simulate
 from solvers.store_all import store_all_schedule
@@ -169,7 +170,8 @@ def repaired_on_measurement(made: Plan, solve: Callable[[int], Plan], measure: C
 
 
 def _measure_traced(model: torch.nn.Module, made: Plan, example_inputs, loss_fn) -> int:
-    return measure_planned_step(runtime.apply(model, made), example_inputs, loss_fn, repeats=1).peak_bytes
+    with reported_out_of_memory("measuring the planned step"):
+        return measure_planned_step(runtime.apply(model, made), example_inputs, loss_fn, repeats=1).peak_bytes
 
 
 def plan_from_profile(profile: profiler.Profile, budget="100%", solver: str = "auto",
