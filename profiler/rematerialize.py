@@ -101,6 +101,12 @@ class BoundedRun:
                 self.pinned.add(node.name)
                 self.pinned.update(a.name for a in node.all_input_nodes)
         self.fresh = {n.name: fresh_bytes(n) for n in self.nodes}
+        # Position -> the computed values last read there (or made there and never read).
+        self.last_read: dict[int, list[str]] = {}
+        for position, node in enumerate(self.nodes):
+            if node.name not in self.pinned:
+                readers = self.readers[node.name]
+                self.last_read.setdefault(readers[-1] if readers else position, []).append(node.name)
 
     def next_use(self, name: str, position: int) -> int | None:
         """The position of the first reader of ``name`` at or after ``position``; None if none."""
@@ -121,7 +127,7 @@ class BoundedRun:
                 state.hold(node.name, constant(node))
             elif node.op == "call_function" and not self.skipped(node):
                 state.compute(node, position, call)
-            state.drop_unread(position + 1)
+            state.drop_read_last(position)
         state.clear()
         return state.stats
 
@@ -167,11 +173,11 @@ class _State:
         for name in list(self.env):
             self.release(name)
 
-    def drop_unread(self, position: int) -> None:
-        """Release every computed value that no op at or after ``position`` reads."""
-        plan = self.plan
-        for name in list(self.env):
-            if name not in plan.pinned and plan.next_use(name, position) is None:
+    def drop_read_last(self, position: int) -> None:
+        """Release the values whose last reader is the op at ``position`` (a value recomputed for a
+        reader before it is released in :meth:`compute`)."""
+        for name in self.plan.last_read.get(position, ()):
+            if name in self.env:
                 self.release(name)
 
     # -- making room -------------------------------------------------------------------------------
