@@ -72,9 +72,9 @@ def fresh_bytes(node: fx.Node) -> int:
     for an op whose outputs alias its inputs."""
     if node.op != "call_function" or _aliases_an_input(node):
         return 0
-    storages = {}
-    for tensor in _tensor_leaves(node.meta.get("val")):
-        storages[id(tensor.untyped_storage())] = _storage_bytes(tensor)
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    storages = {StorageWeakRef(t.untyped_storage()): _storage_bytes(t) for t in _tensor_leaves(node.meta.get("val"))}
     return sum(storages.values())
 
 
