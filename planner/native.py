@@ -457,6 +457,7 @@ def plan_native(model: torch.nn.Module, example_inputs, budget: Budget, loss_fn=
         with staged_for_trace(model):
             profile = profiler.profile(model, example_inputs, loss_fn=loss_fn, granularity="op", fuse_loss=False,
                                        memory_bound=bound)
+    _warn_if_above_bound(profile, bound, device_memory)
     op_graph = profile.regroup("op").graph
     fixed = _fixed_bytes(op_graph) + extra
     from solvers.regions import evaluate
@@ -523,6 +524,19 @@ def plan_native(model: torch.nn.Module, example_inputs, budget: Budget, loss_fn=
     _check_times(plan)
     plan.input_shapes = input_shapes(*normalise_inputs(example_inputs))
     return plan
+
+
+def _warn_if_above_bound(profile: profiler.Profile, bound: int | None, device_memory: int | None) -> None:
+    """Say so when the bounded profile held more than its bound: what one op needs at once (its
+    inputs, outputs and scratch, with the parameters and inputs) is above it, and above the device
+    when that is the bound."""
+    held = profile.times.held_peak_bytes if profile.times is not None else 0
+    if bound is None or held <= bound:
+        return
+    where = "the device's memory" if device_memory is not None and bound == device_memory else "the budget"
+    warnings.warn(f"profiling held {format_bytes(held)}, above {where} ({format_bytes(bound)}): one op of the step, "
+                  "with the parameters and inputs, needs that much at once; the plan's step needs it too",
+                  PlanWarning, stacklevel=3)
 
 
 def _measured_over(budget: Budget, budget_bytes: int, measured_bytes: int, target: int) -> str:
