@@ -15,9 +15,10 @@ with other draws (the generator has moved on): their time is the same, and no va
 is used beyond timing. Ops that mutate an argument are never recomputed, nor are their arguments
 evicted.
 
-When nothing can be evicted (every held value is read by the op about to run, or pinned), the op
-runs anyway: the bound is then below what the op itself needs, and :attr:`BoundedStats.peak_bytes`
-says how far above it the run went.
+A bound below the placeholders plus the most one op holds at once (its computed inputs and its
+outputs, from the trace) is raised to that: evicting more could not make that op fit. When nothing
+can be evicted (every held value is read by an op being computed, or pinned), the op runs anyway,
+and :attr:`BoundedStats.peak_bytes` says how far above the bound the run went.
 """
 
 from __future__ import annotations
@@ -101,12 +102,27 @@ class BoundedRun:
                 self.pinned.add(node.name)
                 self.pinned.update(a.name for a in node.all_input_nodes)
         self.fresh = {n.name: fresh_bytes(n) for n in self.nodes}
+        # The most one op holds at once beside the placeholders: its computed inputs and its outputs.
+        # A bound below that (with the placeholders) is raised to it: evicting more cannot make the op
+        # fit, and would only make the ops after it recompute what was evicted.
+        self.largest_op_bytes = max((self._inputs_bytes(n) + self.fresh[n.name] for n in self.nodes
+                                     if n.op == "call_function" and not skipped(n)), default=0)
         # Position -> the computed values last read there (or made there and never read).
         self.last_read: dict[int, list[str]] = {}
         for position, node in enumerate(self.nodes):
             if node.name not in self.pinned:
                 readers = self.readers[node.name]
                 self.last_read.setdefault(readers[-1] if readers else position, []).append(node.name)
+
+    def _inputs_bytes(self, node: fx.Node) -> int:
+        from torch.multiprocessing.reductions import StorageWeakRef
+
+        storages = {}
+        for arg in node.all_input_nodes:
+            if arg.name not in self.pinned:
+                for t in _tensor_leaves(arg.meta.get("val")):
+                    storages[StorageWeakRef(t.untyped_storage())] = _storage_bytes(t)
+        return sum(storages.values())
 
     def next_use(self, name: str, position: int) -> int | None:
         """The position of the first reader of ``name`` at or after ``position``; None if none."""
@@ -123,6 +139,7 @@ class BoundedRun:
         for position, node in enumerate(self.nodes):
             if node.op == "placeholder":
                 state.hold(node.name, next(placeholders))
+                state.bound_bytes = max(self.bound_bytes, state.held_bytes + self.largest_op_bytes)
             elif node.op == "get_attr":
                 state.hold(node.name, constant(node))
             elif node.op == "call_function" and not self.skipped(node):
@@ -142,6 +159,7 @@ class _State:
         self.holders: dict[tuple, set[str]] = {}  # storage -> values holding it
         self.sizes: dict[tuple, int] = {}
         self.held_bytes = 0
+        self.bound_bytes = plan.bound_bytes  # raised to the placeholders and the largest op (BoundedRun.run)
         self.stats = BoundedStats()
 
     # -- holding and releasing ---------------------------------------------------------------------
@@ -184,7 +202,7 @@ class _State:
     def make_room(self, needed: int, position: int, protected: set[str]) -> None:
         """Evict storages (furthest next reader first) until ``needed`` more bytes fit the bound."""
         plan = self.plan
-        while self.held_bytes + needed > plan.bound_bytes:
+        while self.held_bytes + needed > self.bound_bytes:
             victim, furthest = None, -1
             for key, holders in self.holders.items():
                 if any(h in plan.pinned or h in protected for h in holders):
