@@ -11,10 +11,12 @@ import profiler
 import runtime
 from runtime.rnn import staged_for_trace
 from profiler.api import parse_granularity
+from profiler.oom import reported_out_of_memory
 from profiler.state import cuda_devices
 from solvers import Infeasible, simulate
 from solvers.store_all import store_all_schedule
 
+from .bounded import check_within_device, device_memory_of, profiling_bound
 from .budget import format_bytes, parse_budget
 from .fallback import FallbackWarning, ModuleChainPlan
 from .measured import measure_planned_step
@@ -57,6 +59,7 @@ def plan(
     distributed: str | None = None,
     compile: bool = False,
     optimizer=None,
+    device_memory=None,
 ) -> Plan:
     """Profile ``model``'s training step on ``example_inputs`` and solve for ``budget``.
 
@@ -104,6 +107,14 @@ def plan(
     and a ``"N%"`` budget's base are then of the whole training iteration: zero_grad(set_to_none=True),
     forward, backward and ``optimizer.step()``, its state held through the forward and backward and
     its step's temporaries beside the gradients (planner/optimizer.py, sizes measured on fake tensors).
+
+    ``device_memory`` (bytes, or a size such as ``"8GiB"``; planner/bounded.py) is what the device
+    holds for the step; by default on CUDA its free memory, on CPU an address-space limit's, else
+    none. A byte budget above it is refused (:class:`planner.bounded.DeviceMemoryError`) before
+    anything runs; profiling holds at most the lower of the two (evicting and recomputing values:
+    profiler/rematerialize.py), and a ``"N%"`` budget is of the predicted un-checkpointed peak when
+    that step would not fit the device (it is not run). An allocation the device refuses while
+    profiling or measuring raises :class:`profiler.oom.OutOfMemory`.
     """
     if model is None:
         raise TypeError("plan() profiles and plans a model: pass the model and its example inputs; to plan from "
@@ -116,19 +127,22 @@ def plan(
         raise OptimizerSpecError(optimizer_problem(optimizer))
     if optimizer is not None:
         _check_optimizer_with(executor, compile, distributed)
+    device = device_memory_of(model, example_inputs, device_memory)
+    check_within_device(parsed, parsed.bytes, device)
     if compile:
         return _plan_compiled(model, example_inputs, parsed, solver, executor, loss_fn, time_limit, granularity,
                               profile, distributed)
     if executor == "native":
         return _plan_native(model, example_inputs, parsed, loss_fn, time_limit, granularity, profile, distributed,
-                            optimizer)
+                            optimizer, device)
     if distributed is not None:
         raise SolverError("distributed= is accounted for by native plans only: use executor='native' (the default)")
     if is_eager(profile):  # no trace to schedule: the native plan its first plan was
         return plan_untraceable(model, example_inputs, parsed, loss_fn=loss_fn, time_limit=time_limit, profile=profile)
     if profile is None:
         try:
-            profile = profiler.profile(model, example_inputs, loss_fn=loss_fn, granularity=granularity)
+            profile = profiler.profile(model, example_inputs, loss_fn=loss_fn, granularity=granularity,
+                                       memory_bound=profiling_bound(parsed, device))
         except profiler.TraceError as error:
             return plan_untraceable(model, example_inputs, parsed, loss_fn=loss_fn, reason=error.reason,
                                     time_limit=time_limit)
@@ -139,6 +153,7 @@ def plan(
                                  model_name=type(model).__name__)
 
     made = solve(parsed)
+    check_within_device(parsed, made.budget_bytes, device)
     if not cuda_devices([*model.parameters()]):
         return made  # the CPU allocator's events are what the profiler replays: the prediction is the peak
     return repaired_on_measurement(made, solve, lambda p: _measure_traced(model, p, example_inputs, loss_fn))
@@ -172,7 +187,8 @@ def repaired_on_measurement(made: Plan, solve: Callable[[int], Plan], measure: C
 
 
 def _measure_traced(model: torch.nn.Module, made: Plan, example_inputs, loss_fn) -> int:
-    return measure_planned_step(runtime.apply(model, made), example_inputs, loss_fn, repeats=1).peak_bytes
+    with reported_out_of_memory("measuring the planned step"):
+        return measure_planned_step(runtime.apply(model, made), example_inputs, loss_fn, repeats=1).peak_bytes
 
 
 def plan_from_profile(profile: profiler.Profile, budget="100%", solver: str = "auto",
@@ -243,15 +259,19 @@ def plan_from_profile(profile: profiler.Profile, budget="100%", solver: str = "a
 
 
 def profile_for(model: torch.nn.Module, example_inputs, loss_fn: Callable | None = None, granularity="module",
-                solver: str = "auto", executor: str | None = None) -> profiler.Profile:
+                solver: str = "auto", executor: str | None = None, memory_bound: int | None = None
+                ) -> profiler.Profile:
     """The profile :func:`plan` makes for these arguments, to pass back as ``plan(..., profile=)``: the
     native executor plans what eager autograd runs (the cross-entropy backward unfused), the traced
-    one what its trace runs (fused, profiler/fusions.py)."""
+    one what its trace runs (fused, profiler/fusions.py). ``memory_bound``: bytes profiling may hold
+    (planner/bounded.py, ``profiling_bound``)."""
     native = _executor(executor, solver) == "native"
     if not native:
-        return profiler.profile(model, example_inputs, loss_fn=loss_fn, granularity=granularity, fuse_loss=True)
+        return profiler.profile(model, example_inputs, loss_fn=loss_fn, granularity=granularity, fuse_loss=True,
+                                memory_bound=memory_bound)
     with staged_for_trace(model):  # as plan_native traces: a stacked RNN's layers as modules
-        return profiler.profile(model, example_inputs, loss_fn=loss_fn, granularity=granularity, fuse_loss=False)
+        return profiler.profile(model, example_inputs, loss_fn=loss_fn, granularity=granularity, fuse_loss=False,
+                                memory_bound=memory_bound)
 
 
 def _executor(executor: str | None, solver: str) -> str:
@@ -290,14 +310,15 @@ def _refuse_optimizer_untraced(optimizer, reason: str) -> None:
 
 
 def _plan_native(model, example_inputs, parsed, loss_fn, time_limit, granularity, profile, distributed,
-                 optimizer=None) -> Plan:
+                 optimizer=None, device_memory: int | None = None) -> Plan:
     if is_eager(profile):  # recorded eagerly (a model the tracer cannot follow): planned as its first plan was
         _refuse_optimizer_untraced(optimizer, profile.joint.reason)
         return plan_untraceable(model, example_inputs, parsed, loss_fn=loss_fn, time_limit=time_limit,
                                 distributed=distributed, profile=profile)
     try:
         return plan_native(model, example_inputs, parsed, loss_fn=loss_fn, time_limit=time_limit,
-                           granularity=granularity, profile=profile, distributed=distributed, optimizer=optimizer)
+                           granularity=granularity, profile=profile, distributed=distributed, optimizer=optimizer,
+                           device_memory=device_memory)
     except profiler.TraceError as error:  # recorded eagerly instead (planner/untraced.py)
         _refuse_optimizer_untraced(optimizer, error.reason)
         return plan_untraceable(model, example_inputs, parsed, loss_fn=loss_fn, reason=error.reason,

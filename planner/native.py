@@ -27,6 +27,7 @@ import torch
 import profiler
 from profiler.costgraph import fingerprint as graph_fingerprint
 from profiler.inputs import normalise_inputs
+from profiler.oom import reported_out_of_memory
 from profiler.state import cuda_devices, rng_state_bytes
 from runtime.chain import module_fingerprint
 from runtime.native import apply_native, input_shapes, parse_region, remove_native
@@ -35,6 +36,7 @@ from solvers import Infeasible
 from solvers.regions import SAVE_POLICIES, RegionPlan, candidate_regions, plan_regions, region_costs
 from solvers.schedule import SolverInfo
 
+from .bounded import check_within_device, predicted_step_fits, profiling_bound
 from .budget import Budget, format_bytes
 from .optimizer import NO_OPTIMIZER, IterationMemory, held_at_the_end, iteration_memory, step_over_budget
 from .planfile import FORMAT as PLAN_FORMAT
@@ -63,6 +65,9 @@ class NativePlan(Plan):
     optimizer: str | None = None  # the optimizer counted (planner/optimizer.py), None: the step alone
     optimizer_state_bytes: int = 0  # its state, held through forward and backward
     optimizer_step_peak_bytes: int = 0  # the most live while its step() runs (whole iteration)
+    # The un-checkpointed step was not run (its predicted peak is above the device: planner/bounded.py),
+    # so a "N%" budget is of its predicted peak, not of a measured one.
+    unplanned_peak_predicted: bool = False
 
     @property
     def executor(self) -> str:
@@ -71,10 +76,12 @@ class NativePlan(Plan):
     def summary(self) -> str:
         saving = 1 - self.predicted_peak_bytes / self.unplanned_peak_bytes if self.unplanned_peak_bytes else 0.0
         shown = ", ".join(self.regions[:8]) + (f" and {len(self.regions) - 8} more" if len(self.regions) > 8 else "")
+        of_predicted = (" of the predicted un-checkpointed peak: that step exceeds the device and was not run"
+                        if self.unplanned_peak_predicted else "")
         lines = [
             f"Model:             {self.model or '?'}; inputs {', '.join(self.inputs) or '?'}",
             "Executor:          native (torch.utils.checkpoint on the model's own modules)",
-            f"Budget:            {format_bytes(self.budget_bytes)} ({self.budget_text}) for the whole "
+            f"Budget:            {format_bytes(self.budget_bytes)} ({self.budget_text}{of_predicted}) for the whole "
             f"{'iteration' if self.optimizer else 'step'}; parameters, buffers, inputs and saved RNG states "
             f"{'and the optimizer state ' if self.optimizer else ''}take {format_bytes(self.fixed_bytes)}",
             f"Predicted peak:    {format_bytes(self.predicted_peak_bytes)}, without checkpointing "
@@ -110,6 +117,7 @@ class NativePlan(Plan):
         data["optimizer"] = self.optimizer
         data["optimizer_state_bytes"] = self.optimizer_state_bytes
         data["optimizer_step_peak_bytes"] = self.optimizer_step_peak_bytes
+        data["unplanned_peak_predicted"] = self.unplanned_peak_predicted
         return data
 
     @classmethod
@@ -134,6 +142,9 @@ class NativePlan(Plan):
             optimizer = None if optimizer is None else _text(optimizer)
             state = _whole(data.get("optimizer_state_bytes", 0), "optimizer_state_bytes")
             stepping = _whole(data.get("optimizer_step_peak_bytes", 0), "optimizer_step_peak_bytes")
+            predicted_only = data.get("unplanned_peak_predicted", False)  # absent from plans made before
+            if not isinstance(predicted_only, bool):
+                raise TypeError(f"unplanned_peak_predicted is {type(predicted_only).__name__}, not true or false")
         except (KeyError, TypeError, ValueError) as error:
             raise PlanFileError(f"{source} is not a valid plan: {type(error).__name__}: {error}") from None
         plain = Plan.from_dict({**data, "format": PLAN_FORMAT}, source)
@@ -141,7 +152,7 @@ class NativePlan(Plan):
         return cls(**fields_, regions=regions, input_shapes=shapes, measured_peak_bytes=measured,
                    measured_seconds=None if seconds is None else float(seconds), distributed=distributed,
                    wrapper_bytes=wrapper, optimizer=optimizer, optimizer_state_bytes=state,
-                   optimizer_step_peak_bytes=stepping)
+                   optimizer_step_peak_bytes=stepping, unplanned_peak_predicted=predicted_only)
 
 
 def sequential_containers(model: torch.nn.Module) -> dict[str, int]:
@@ -426,7 +437,8 @@ def measure_native(model: torch.nn.Module, regions, example_inputs, loss_fn, rep
 
     try:
         apply_native(model, regions)
-        return measure_planned_step(model, example_inputs, loss_fn, repeats, warm_up=warm_up)
+        with reported_out_of_memory("measuring the planned step" if regions else "measuring the un-checkpointed step"):
+            return measure_planned_step(model, example_inputs, loss_fn, repeats, warm_up=warm_up)
     finally:
         remove_native(model)
 
@@ -435,9 +447,14 @@ def plan_native(model: torch.nn.Module, example_inputs, budget: Budget, loss_fn=
                 time_limit: float | None = None, granularity="module",
                 profile: profiler.Profile | None = None, measure: bool = True,
                 distributed: str | None = None, policies: Sequence[str] = tuple(SAVE_POLICIES),
-                optimizer=None) -> NativePlan:
+                optimizer=None, device_memory: int | None = None) -> NativePlan:
     """A :class:`NativePlan` for ``budget``: see the module docstring. Raises :class:`Infeasible`
     (``min_budget`` in whole-step bytes) when no set of regions fits.
+
+    ``device_memory`` (bytes; planner/bounded.py): profiling holds at most the lower of it and a
+    byte budget, the un-checkpointed step is run (for a ``"N%"`` budget) only when its predicted peak
+    fits it, else N% is of the predicted peak; a budget above it is refused
+    (:class:`planner.bounded.DeviceMemoryError`).
 
     ``distributed`` (``"ddp"``, ``"fsdp2"`` or an :class:`FSDP2`) counts what the wrapper changes on
     each device (:func:`wrapper_bytes`) in the predicted and in the measured peak (the measurement
@@ -446,6 +463,8 @@ def plan_native(model: torch.nn.Module, example_inputs, budget: Budget, loss_fn=
     ``optimizer`` (an instance or a name, planner/optimizer.py): every figure is of the training
     iteration, its state held through forward and backward and its step after them."""
     refuse_wrapped(model)
+    check_within_device(budget, budget.bytes, device_memory)
+    bound = profiling_bound(budget, device_memory)
     extra = wrapper_bytes(model, distributed)
     remove_native(model)  # re-planning a model planned before: trace its own forward
     # Profiling runs every op of the step: the measurements after it need no warm-up step (on CPU).
@@ -455,7 +474,9 @@ def plan_native(model: torch.nn.Module, example_inputs, budget: Budget, loss_fn=
         # autograd runs the cross-entropy backward as two logits-sized ops. Single ops, the grouping
         # the region search reads (``granularity`` groups the traced executor's).
         with staged_for_trace(model):
-            profile = profiler.profile(model, example_inputs, loss_fn=loss_fn, granularity="op", fuse_loss=False)
+            profile = profiler.profile(model, example_inputs, loss_fn=loss_fn, granularity="op", fuse_loss=False,
+                                       memory_bound=bound)
+    _warn_if_above_bound(profile, bound, device_memory)
     op_graph = profile.regroup("op").graph
     fixed = _fixed_bytes(op_graph) + extra
     from solvers.regions import evaluate
@@ -467,7 +488,8 @@ def plan_native(model: torch.nn.Module, example_inputs, budget: Budget, loss_fn=
     fixed += iteration.state_bytes
     unplanned_peak = iteration.peak(fixed + unplanned.outcome.peak_bytes)
     eager = None
-    if measure and budget.percent is not None:
+    predicted_only = budget.percent is not None and not predicted_step_fits(unplanned_peak, bound)
+    if measure and budget.percent is not None and not predicted_only:
         # "N%" is of the eager step's measured peak (docs/native.md, "Which step '100%' is").
         # Its peak alone (its time is not used: the plan's own step is timed) where profiling warmed up.
         eager = measure_native(model, (), example_inputs, loss_fn, repeats=0 if warm else 1, warm_up=not warm)
@@ -477,6 +499,7 @@ def plan_native(model: torch.nn.Module, example_inputs, budget: Budget, loss_fn=
     if step_over_budget(iteration, str(budget), budget_bytes):
         raise Infeasible(step_over_budget(iteration, str(budget), budget_bytes), min_budget=iteration.step_peak_bytes,
                          method=METHOD)
+    check_within_device(budget, budget_bytes, device_memory)
     target = budget_bytes
     measured = None
     solving = 0.0  # seconds in the search, the measurements apart
@@ -497,8 +520,10 @@ def plan_native(model: torch.nn.Module, example_inputs, budget: Budget, loss_fn=
         except Infeasible as error:
             minimum = error.min_budget  # whole-step bytes (solve_native)
             minimum = None if minimum is None else iteration.peak(minimum)
+            # Measured only where the least plan's predicted peak is within the device too.
+            near_miss = measure and (device_memory is None or (minimum or 0) <= device_memory)
             least = _least_if_it_measures_within(profile, model, example_inputs, loss_fn, distributed, policies,
-                                                 budget_bytes, minimum, measure, time_limit, warm_up=not warm,
+                                                 budget_bytes, minimum, near_miss, time_limit, warm_up=not warm,
                                                  iteration=iteration)
             if least is not None:
                 solved, held, measured = least
@@ -528,9 +553,23 @@ def plan_native(model: torch.nn.Module, example_inputs, budget: Budget, loss_fn=
     plan.predicted_peak_bytes = iteration.peak(plan.predicted_peak_bytes)
     plan.optimizer = iteration.optimizer or None
     plan.optimizer_state_bytes, plan.optimizer_step_peak_bytes = iteration.state_bytes, iteration.step_peak_bytes
+    plan.unplanned_peak_predicted = predicted_only
     _check_times(plan)
     plan.input_shapes = input_shapes(*normalise_inputs(example_inputs))
     return plan
+
+
+def _warn_if_above_bound(profile: profiler.Profile, bound: int | None, device_memory: int | None) -> None:
+    """Say so when the bounded profile held more than its bound: what one op needs at once (its
+    inputs, outputs and scratch, with the parameters and inputs) is above it, and above the device
+    when that is the bound."""
+    held = profile.times.held_peak_bytes if profile.times is not None else 0
+    if bound is None or held <= bound:
+        return
+    where = "the device's memory" if device_memory is not None and bound == device_memory else "the budget"
+    warnings.warn(f"profiling held {format_bytes(held)}, above {where} ({format_bytes(bound)}): one op of the step, "
+                  "with the parameters and inputs, needs that much at once; the plan's step needs it too",
+                  PlanWarning, stacklevel=3)
 
 
 def _measured_over(budget: Budget, budget_bytes: int, measured_bytes: int, target: int) -> str:

@@ -18,6 +18,7 @@ from .fusions import recompute_log_probs, recomputed_times
 from .grouping import Grouping, group_graph
 from .inputs import normalise_inputs
 from .measure import OpTimes, time_ops
+from .oom import reported_out_of_memory
 
 # "auto"/"module" granularity picks the finest module depth whose graph has at most this many nodes:
 # exact solvers stay within a minute on graphs of a few hundred nodes.
@@ -168,6 +169,7 @@ def profile(
     repeats: int = 3,
     times_cache: TimesCache | None = None,
     fuse_loss: bool = True,
+    memory_bound: int | None = None,
 ) -> Profile:
     """Trace ``model``'s training step on ``example_inputs`` and measure it into a cost graph.
 
@@ -185,11 +187,19 @@ def profile(
     ``times_cache`` (optional) skips the timing, the expensive part, for a trace measured before:
     times are looked up under :func:`times_key` once the step is traced and grouped, and stored there
     after measuring.
+
+    ``memory_bound`` (bytes; None: no bound) bounds what profiling holds, parameters, buffers and
+    inputs included: the loss's eager forward runs without autograd, and the op timing evicts and
+    recomputes values to stay within it (profiler/rematerialize.py), never below what the largest
+    single op needs (``profile.times.held_peak_bytes`` says what was held). An allocation the device
+    refuses raises :class:`profiler.oom.OutOfMemory`.
     """
     started = time.perf_counter()
     parse_granularity(granularity)  # reject a bad value before any work
     args, kwargs = normalise_inputs(example_inputs)
-    joint, tangents = capture(model, args, kwargs, loss_fn, fuse_loss=fuse_loss)
+    with reported_out_of_memory("profiling the step"):
+        joint, tangents = capture(model, args, kwargs, loss_fn, fuse_loss=fuse_loss,
+                                  hold_activations=memory_bound is None)
     grouping, label = choose_grouping(joint, granularity)
     device = str(next((p.device for p in model.parameters()), torch.device("cpu")))
     key = times_key(joint, grouping, device, repeats) if times_cache is not None else None
@@ -199,8 +209,9 @@ def profile(
         joint.loss = replace(joint.loss, seconds=cached.loss_seconds)  # the measured profile, exactly
     else:
         values = _placeholder_values(model, joint, args, kwargs, tangents)
-        with autocast_disabled():  # the trace holds autocast's casts; autocast again would re-cast
-            times = time_ops(joint.graph_module, values, repeats=repeats)
+        # the trace holds autocast's casts; autocast again would re-cast
+        with autocast_disabled(), reported_out_of_memory("timing the step's ops"):
+            times = time_ops(joint.graph_module, values, repeats=repeats, memory_bound=memory_bound)
         del values
         if times_cache is not None:
             times_cache.store(key, CachedTimes(times, float(joint.loss.seconds)))

@@ -189,7 +189,7 @@ class _ModuleTagger:
 
 def capture(
     model: torch.nn.Module, args: tuple, kwargs: dict, loss_fn: Callable | None = None, loss: LossInfo | None = None,
-    fuse_loss: bool = True,
+    fuse_loss: bool = True, hold_activations: bool = True,
 ) -> tuple[JointGraph, list[torch.Tensor]]:
     """Trace the joint forward+backward graph of ``model`` on ``(args, kwargs)``.
 
@@ -205,6 +205,9 @@ def capture(
     logits-sized) instead of profiler/fusions.py's one op: for planning what eager PyTorch executes
     (the native executor).
 
+    ``hold_activations=False`` runs the loss's eager forward without autograd (a memory-bounded
+    profile: profiler/loss.py, ``run_planning_loss``).
+
     Raises :class:`ModelCallError` when the model or the loss raises eagerly, :class:`TraceError`
     when the tracer cannot follow the model, and any error raised inside the profiler's own code
     (profiler/blame.py) as it is.
@@ -213,7 +216,8 @@ def capture(
     state = _StepState.of(model, args, kwargs)
     if loss is None:
         with preserved_state(model, cuda_devices([*state.trainable.values(), *state.frozen.values(), *state.inputs])):
-            loss, tangents = run_planning_loss(model, args, kwargs, loss_fn or default_loss)
+            loss, tangents = run_planning_loss(model, args, kwargs, loss_fn or default_loss,
+                                               hold_activations=hold_activations)
     else:
         tangents = [torch.zeros(s.shape, dtype=s.dtype, device=s.device) for s in loss.tangent_specs]
     step = _JointStep(model, state, loss)

@@ -19,6 +19,7 @@ from .allocations import allocated_while, quiet_native_stderr
 from .errors import CaptureError, ModelCallError, first_line
 from .inputs import TensorSpec
 from .measure import storage_bytes
+from .oom import raise_if_out_of_memory
 from .state import cuda_devices
 
 
@@ -48,12 +49,17 @@ def default_loss(output) -> torch.Tensor:
     return sum(t.sum() for t in leaves)
 
 
-def run_planning_loss(model: torch.nn.Module, args, kwargs, loss_fn: Callable, repeats: int = 3
-                      ) -> tuple[LossInfo, list[torch.Tensor]]:
+def run_planning_loss(model: torch.nn.Module, args, kwargs, loss_fn: Callable, repeats: int = 3,
+                      hold_activations: bool = True) -> tuple[LossInfo, list[torch.Tensor]]:
     """One eager forward, then the loss and its gradient wrt the outputs: timed ``repeats`` times,
     then run once more with its allocations recorded. Returns the loss's figures and its gradients
-    (the tangents), contiguous."""
-    outputs = _eager_outputs(model, args, kwargs)
+    (the tangents), contiguous.
+
+    ``hold_activations=False`` (a memory-bounded profile): the forward runs under ``torch.no_grad``,
+    holding none of what autograd would save, and which outputs require grad is learnt from the
+    same forward on fake tensors (:func:`_outputs_without_autograd`). The loss sees the same
+    values either way."""
+    outputs = _eager_outputs(model, args, kwargs) if hold_activations else _outputs_without_autograd(model, args, kwargs)
     on_cuda = cuda_devices(outputs.tensors)
     run = _LossRun(outputs, loss_fn)
     seconds = _least_seconds(run, repeats, torch.cuda.synchronize if on_cuda else (lambda: None))
@@ -92,18 +98,63 @@ class _DetachedOutputs:
     differentiable: list[int]  # indices into ``tensors`` of those that require grad
 
 
-def _eager_outputs(model: torch.nn.Module, args, kwargs) -> _DetachedOutputs:
+def _call_model(model: torch.nn.Module, args, kwargs):
     try:
-        output = model.forward(*args, **kwargs)
+        return model.forward(*args, **kwargs)
     except Exception as error:  # a user's mistake (inputs that do not fit the model), not a bug of ours
+        raise_if_out_of_memory(error)  # the device's limit, not the model's fault
         raise ModelCallError(f"the model raised on the example inputs: {first_line(error)}") from error
+
+
+def _eager_outputs(model: torch.nn.Module, args, kwargs) -> _DetachedOutputs:
+    output = _call_model(model, args, kwargs)
     leaves, spec = pytree.tree_flatten(output)
+    return _detached(leaves, spec, [isinstance(leaf, torch.Tensor) and leaf.requires_grad for leaf in leaves])
+
+
+def _outputs_without_autograd(model: torch.nn.Module, args, kwargs) -> _DetachedOutputs:
+    """The model's outputs from a forward under ``torch.no_grad`` (nothing saved for a backward),
+    each marked as requiring grad where the same forward on fake tensors with autograd says it does.
+    A forward fake tensors cannot run (data-dependent control flow) is run eagerly with autograd:
+    the tracer will refuse such a model anyway (planner/fallback.py then measures it whole)."""
+    requires_grad = _fake_requires_grad(model, args, kwargs)
+    if requires_grad is None:
+        return _eager_outputs(model, args, kwargs)
+    with torch.no_grad():
+        output = _call_model(model, args, kwargs)
+    leaves, spec = pytree.tree_flatten(output)
+    if len(leaves) != len(requires_grad):  # the fake forward returned another structure: trust autograd
+        del output, leaves
+        return _eager_outputs(model, args, kwargs)
+    return _detached(leaves, spec, requires_grad)
+
+
+def _fake_requires_grad(model: torch.nn.Module, args, kwargs) -> list[bool] | None:
+    """Per output leaf, whether the forward with autograd makes it require grad, from a forward on
+    fake tensors (sizes only, no memory); None when fake tensors cannot run the forward."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.nn.utils.stateless import _reparametrize_module
+
+    try:
+        with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+            state = {**dict(model.named_parameters()), **dict(model.named_buffers())}
+            fake_state = {name: mode.from_tensor(t) for name, t in state.items()}
+            fake_args, fake_kwargs = pytree.tree_map_only(torch.Tensor, mode.from_tensor, (tuple(args), dict(kwargs)))
+            with _reparametrize_module(model, fake_state, tie_weights=True):
+                output = model.forward(*fake_args, **fake_kwargs)
+            leaves = pytree.tree_leaves(output)
+            return [isinstance(leaf, torch.Tensor) and leaf.requires_grad for leaf in leaves]
+    except Exception:  # the fake forward is only a shortcut: the eager forward decides below
+        return None
+
+
+def _detached(leaves: list, spec: pytree.TreeSpec, requires_grad: list[bool]) -> _DetachedOutputs:
     positions = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]
-    if not any(leaves[i].requires_grad for i in positions):
+    if not any(requires_grad[i] for i in positions):
         raise CaptureError("no output of the model requires grad: there is nothing to differentiate")
     detached = list(leaves)
     for i in positions:
-        detached[i] = leaves[i].detach().requires_grad_(leaves[i].requires_grad)
+        detached[i] = leaves[i].detach().requires_grad_(requires_grad[i])
     tensors = [detached[i] for i in positions]
     return _DetachedOutputs(detached, spec, tensors, [i for i, t in enumerate(tensors) if t.requires_grad])
 
@@ -122,6 +173,7 @@ class _LossRun:
         try:
             loss = self.loss_fn(pytree.tree_unflatten(outputs.leaves, outputs.spec))
         except Exception as error:
+            raise_if_out_of_memory(error)
             raise ModelCallError(f"the loss function raised on the model's output: {first_line(error)}") from error
         if not isinstance(loss, torch.Tensor) or loss.numel() != 1 or not loss.is_floating_point():
             raise CaptureError(f"loss_fn must return a scalar floating-point tensor, got {_describe(loss)}")

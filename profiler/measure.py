@@ -31,6 +31,7 @@ import torch.fx as fx
 import torch.utils._pytree as pytree
 
 from .allocations import cpu_allocations, cpu_memory_profile, replay
+from .rematerialize import BoundedRun, BoundedStats
 from .state import cuda_devices, get_rng_state, set_rng_state
 
 # Memory the CUDA caching allocator hands out comes in blocks of this many bytes.
@@ -45,6 +46,11 @@ class OpTimes:
     # fx node name -> bytes the op's kernels allocate beyond its outputs while it runs (measured in
     # the warm-up run; ops without any are left out). CPU dropout's float noise tensor is one.
     scratch_bytes: dict[str, int] = field(default_factory=dict)
+    # With a memory bound (time_ops(..., memory_bound=)): the most bytes the runs held at once
+    # (profiler/rematerialize.py) and the op calls they made again for evicted values, over all runs;
+    # both 0 for an unbounded profile.
+    held_peak_bytes: int = 0
+    recomputed_calls: int = 0
 
 
 def _is_buffer_mutation(node: fx.Node) -> bool:
@@ -90,9 +96,13 @@ def _scratch_from_events(profile) -> dict[str, int]:
 SETTLED = 0.01
 
 
-def time_ops(graph_module: fx.GraphModule, inputs: list, repeats: int = 3) -> OpTimes:
+def time_ops(graph_module: fx.GraphModule, inputs: list, repeats: int = 3, memory_bound: int | None = None) -> OpTimes:
     """Run the graph on ``inputs`` (placeholders in order) and time every op (the module docstring
     says how many runs and samples and which time each op gets).
+
+    ``memory_bound`` (bytes, for every tensor the runs hold, ``inputs`` included): each run holds at
+    most that, evicting values and recomputing them when read again (profiler/rematerialize.py);
+    every op is still timed where the graph runs it. None: the whole step is held as it runs.
 
     The warm-up run also measures each op's scratch memory (:attr:`OpTimes.scratch_bytes`): on CPU
     from the allocator's events (``torch.profiler`` with ``profile_memory``), on CUDA from
@@ -106,20 +116,30 @@ def time_ops(graph_module: fx.GraphModule, inputs: list, repeats: int = 3) -> Op
     step_times = []
     saved_rng = get_rng_state(devices)
     runs: list[dict[str, list[float]]] = []
+    bounded = None if memory_bound is None else BoundedRun(graph_module, memory_bound, _is_buffer_mutation)
+    held_peak = recomputed = 0
     try:
         # The memory profiler is entered and left by a context manager: an op that raises must not
         # leave torch.profiler enabled (the process then crashed at exit, rc 139, even when the
         # caller caught the error).
         recording = cpu_memory_profile() if not use_events else contextlib.nullcontext()
         with recording as memory_profile:  # the warm-up: lazy initialisation, allocator, scratch
-            _run_graph(graph_module, inputs, frees, _WarmUp(use_events, scratch, signatures), saved_rng)
+            _, stats = _run_graph(graph_module, inputs, frees, _WarmUp(use_events, scratch, signatures), saved_rng,
+                                  bounded)
         if memory_profile is not None:
             scratch.update(_scratch_from_events(memory_profile))
+        held_peak, recomputed = (stats.peak_bytes, stats.recomputed_calls) if stats else (0, 0)
         extra = _extra_calls(graph, signatures, repeats, runs=min(repeats, 2))
         while True:
             samples: dict[str, list[float]] = {}
             timing = _Timing(use_events, samples, extra if not runs else {})
-            step_times.append(_run_graph(graph_module, inputs, frees, timing, saved_rng))
+            # Room for an op's scratch, and for its extra calls' results beside its own.
+            reserve = {name: scratch.get(name, 0) + (bounded.fresh[name] if name in timing.extra else 0)
+                       for name in signatures} if bounded else None
+            elapsed, stats = _run_graph(graph_module, inputs, frees, timing, saved_rng, bounded, reserve)
+            step_times.append(elapsed)
+            if stats:
+                held_peak, recomputed = max(held_peak, stats.peak_bytes), recomputed + stats.recomputed_calls
             runs.append(samples)
             if len(runs) >= repeats or (len(runs) >= 2 and _settled(runs, signatures)):
                 break
@@ -128,7 +148,7 @@ def time_ops(graph_module: fx.GraphModule, inputs: list, repeats: int = 3) -> Op
     least = _least_by_signature(runs, signatures)
     seconds = {name: least[signatures.get(name, name)] for name in runs[0]}
     # The step's wall time from the runs without the in-place calls (all but the first).
-    return OpTimes(seconds, len(runs), statistics.median(step_times[1:] or step_times), scratch)
+    return OpTimes(seconds, len(runs), statistics.median(step_times[1:] or step_times), scratch, held_peak, recomputed)
 
 
 def _signature(target, args, kwargs) -> tuple:
@@ -256,15 +276,24 @@ class _Timing:
 
 
 def _run_graph(graph_module: fx.GraphModule, inputs: list, frees: dict[str, list[str]], mode: _WarmUp | _Timing,
-               saved_rng) -> float:
-    """One run of the whole graph, op by op, from ``saved_rng``, each op called through ``mode``.
-    Returns the run's wall time in seconds."""
+               saved_rng, bounded: BoundedRun | None = None, reserve: dict[str, int] | None = None
+               ) -> tuple[float, BoundedStats | None]:
+    """One run of the whole graph, op by op, from ``saved_rng``, each op called through ``mode``;
+    within ``bounded``'s memory bound when given (``reserve``: bytes an op needs beyond its
+    outputs). Returns the run's wall time in seconds and the bounded run's figures (None unbounded)."""
     set_rng_state(saved_rng)
     env: dict[str, object] = {}
     placeholders = iter(inputs)
     if mode.use_events:
         torch.cuda.synchronize()
     run_start = time.perf_counter()
+    if bounded is not None:
+        with torch.no_grad():
+            stats = bounded.run(inputs, mode.call, lambda node: constant_value(graph_module, node.target), reserve)
+        if mode.use_events:
+            torch.cuda.synchronize()
+        mode.finish()
+        return time.perf_counter() - run_start, stats
     with torch.no_grad():
         for node in graph_module.graph.nodes:
             if node.op == "placeholder":
@@ -282,7 +311,7 @@ def _run_graph(graph_module: fx.GraphModule, inputs: list, frees: dict[str, list
     mode.finish()
     elapsed = time.perf_counter() - run_start
     env.clear()  # release the run's tensors before the next one
-    return elapsed
+    return elapsed, None
 
 
 def _cuda_with_scratch(node: fx.Node, args, kwargs, scratch: dict[str, int]):

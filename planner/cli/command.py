@@ -9,9 +9,10 @@
 
 Exit status: 0 on success, 2 for a usage error or a bad model file, budget, plan file, sweep file
 or output path, 3 when the budget is below the minimum the solver can reach (the message gives that
-minimum), 4 when the solver found no schedule within --time-limit, 130 when interrupted (Ctrl-C;
-nothing is written); ``batch`` exits with 1 when any of its runs failed. Every error is one line on
-stderr, ``plan-checkpoints: error: ...``; with ``--json`` it is also a JSON object on stdout,
+minimum) or the device ran out of memory while the planner profiled or measured the step, 4 when
+the solver found no schedule within --time-limit, 130 when interrupted (Ctrl-C; nothing is
+written); ``batch`` exits with 1 when any of its runs failed. Every error is one line on stderr,
+``plan-checkpoints: error: ...``; with ``--json`` it is also a JSON object on stdout,
 ``{"error": ..., "exit_status": N}``. Output paths are checked before any work, and an output path
 that is one of the inputs is refused.
 """
@@ -94,13 +95,18 @@ def _plan_parser() -> argparse.ArgumentParser:
         description="Plan activation checkpointing for a model file's training step under a memory budget.",
         epilog="Other commands: 'plan-checkpoints batch CONFIG.yaml' (--help for its options), "
                "'plan-checkpoints show plan.json'. Exit status: 0 planned, 2 a bad argument, model file or "
-               "output path, 3 the budget is below the minimum, 4 no schedule within --time-limit, 130 interrupted.",
+               "output path, 3 the budget is below the minimum (or out of memory while planning), 4 no schedule "
+               "within --time-limit, 130 interrupted.",
     )
     parser.add_argument("--version", action="version", version=f"plan-checkpoints {version()}")
     parser.add_argument("model", help="model file defining build_model() and example_inputs()")
     parser.add_argument("--budget", required=True,
                         help=f"peak memory of the whole step on one device (with several processes, each "
                              f"rank's own; with --optimizer, of the whole iteration): {ACCEPTED_FORMS}".replace("%", "%%"))  # argparse formats help with %
+    parser.add_argument("--device-memory", default=None,
+                        help="bytes the device holds for the step (a size: 8GiB, 8000000000); a larger budget is "
+                             "refused, and profiling holds at most the lower of the two (default: the free memory "
+                             "on CUDA, an address-space limit's on CPU, else none)")
     parser.add_argument("--solver", default="auto", choices=_methods(), help="solver (default: auto)")
     parser.add_argument("--executor", default=None, choices=["native", "traced"],
                         help="what runs the plan: native (torch.utils.checkpoint on the model's modules; the default "
@@ -217,6 +223,7 @@ def run_plan(argv: list[str]) -> int:
     # Every mistake in the arguments before any work, and before importing torch: the budget, the
     # model file's path, the output path (never one of the inputs; its folder writable).
     budget = parse_budget(args.budget)
+    device_memory = _device_memory(args.device_memory, budget)
     from planner.files import check_output
     from planner.cli.modelfile import check_model_path
 
@@ -244,11 +251,11 @@ def run_plan(argv: list[str]) -> int:
                     found = find_max_batch(model_file.model, model_file.example_inputs, budget, solver=args.solver,
                                            max_overhead=args.max_overhead, loss_fn=model_file.loss_fn,
                                            time_limit=args.time_limit, granularity=args.granularity, progress=progress,
-                                           inputs_at=model_file.inputs_at)
+                                           inputs_at=model_file.inputs_at, device_memory=device_memory)
                     plan = found.plan
                 else:
                     found = None
-                    plan = _make_plan(args, model_file, budget, progress)
+                    plan = _make_plan(args, model_file, budget, progress, device_memory)
             except TimeoutError as error:
                 raise _out_of_time(error, args) from None
     plan.save(out_path)
@@ -262,19 +269,43 @@ def run_plan(argv: list[str]) -> int:
     return 0
 
 
-def _make_plan(args, model_file, budget, progress):
+def _device_memory(text: str | None, budget) -> int | None:
+    """--device-memory in bytes (checked before importing torch), and a byte budget above it refused."""
+    from planner.budget import BudgetError, format_bytes, parse_budget
+
+    if text is None:
+        return None
+    try:
+        parsed = parse_budget(text)
+    except BudgetError:
+        parsed = None
+    if parsed is None or parsed.bytes is None:
+        raise _UsageError(f"--device-memory {text!r} is not a size; give a whole number of bytes or a size with a unit "
+                          "(8GB = 8*10^9 bytes, 8GiB = 8*2^30 bytes; also MB/MiB, TB/TiB)")
+    if budget.bytes is not None and budget.bytes > parsed.bytes:
+        raise _UsageError(f"budget {budget} ({format_bytes(budget.bytes)}) is above --device-memory {text} "
+                          f"({format_bytes(parsed.bytes)}): a plan for it could not run there; give a budget within "
+                          "the device's memory")
+    return parsed.bytes
+
+
+def _make_plan(args, model_file, budget, progress, device_memory: int | None = None):
     import profiler
     from planner import api
+    from planner.bounded import check_within_device, device_memory_of, profiling_bound
 
     from planner.cli.timebound import time_bound
 
+    device_memory = device_memory_of(model_file.model, model_file.example_inputs, device_memory)
+    check_within_device(budget, budget.bytes, device_memory)
     untraceable = None
     bound = f"profiling took longer than --profile-time-limit {args.profile_time_limit:g} s" \
         if args.profile_time_limit else ""
     with progress.task(f"Profiling {type(model_file.model).__name__}"), time_bound(args.profile_time_limit, bound):
         try:
             profile = api.profile_for(model_file.model, model_file.example_inputs, loss_fn=model_file.loss_fn,
-                                      granularity=args.granularity, solver=args.solver, executor=args.executor)
+                                      granularity=args.granularity, solver=args.solver, executor=args.executor,
+                                      memory_bound=profiling_bound(budget, device_memory))
         except profiler.TraceError as error:  # planner/untraced.py: a native plan from an eager step instead
             untraceable = error
     optimizer = args.optimizer if args.optimizer is not None else model_file.optimizer
@@ -293,7 +324,7 @@ def _make_plan(args, model_file, budget, progress):
     with progress.task(f"Solving with {args.solver}{limit}"):
         return api.plan(model_file.model, model_file.example_inputs, budget, solver=args.solver,
                         time_limit=args.time_limit, profile=profile, executor=args.executor,
-                        optimizer=optimizer)
+                        optimizer=optimizer, device_memory=device_memory)
 
 
 # The libraries behind the searching solvers, imported before the "Solving" line: a Ctrl-C that lands
@@ -393,6 +424,8 @@ def _one_line_warnings(show):
 _USER_ERRORS = [
     ("planner.api", "BudgetInfeasible", EXIT_INFEASIBLE),
     ("planner.budget", "BudgetError", EXIT_USAGE),
+    ("planner.bounded", "DeviceMemoryError", EXIT_USAGE),
+    ("profiler.oom", "OutOfMemory", EXIT_INFEASIBLE),
     ("planner.api", "SolverError", EXIT_USAGE),
     ("solvers.errors", "SolverUnavailable", EXIT_USAGE),
     ("planner.cli.modelfile", "ModelFileError", EXIT_USAGE),

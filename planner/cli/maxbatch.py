@@ -9,6 +9,11 @@ that plan does not fit, the real profile joins the fit and the search runs again
 
 The search assumes that a larger batch never fits where a smaller one does not (memory and time
 grow with the batch); a percentage budget is of the un-checkpointed peak at the example batch size.
+
+Nothing it runs is larger than the budget (or the device's memory, when lower: planner/bounded.py):
+every profile, at every batch size, is memory-bounded (profiler/rematerialize.py), and a batch
+whose profile the device cannot hold even so (its largest op alone does not fit) counts as not
+fitting.
 """
 
 from __future__ import annotations
@@ -147,20 +152,27 @@ def _within(made: Plan, max_overhead: float | None) -> bool:
 def find_max_batch(model: torch.nn.Module, example_inputs: Any, budget, solver: str = "auto",
                    max_overhead: float | None = None, loss_fn=None, time_limit: float | None = None,
                    granularity="module", progress: Progress | None = None,
-                   inputs_at: Callable[[int], Any] | None = None) -> MaxBatch:
+                   inputs_at: Callable[[int], Any] | None = None, device_memory=None) -> MaxBatch:
     """The largest batch size whose plan fits ``budget`` with overhead at most ``max_overhead``
     (a fraction: 0.3 is +30%; None: any), and that plan, made from a real profile at that batch.
 
     ``inputs_at(batch)`` builds the inputs at a batch size (a model file's ``inputs_at``); without
     it, dimension 0 of every tensor input is scaled. Plans are traced plans (``executor="traced"``),
-    the class the predictions at other batch sizes are made for."""
+    the class the predictions at other batch sizes are made for. ``device_memory``: as
+    :func:`planner.plan`'s; profiling holds at most the lower of it and a byte budget."""
     import profiler
+    from profiler.oom import OutOfMemory
+
+    from ..bounded import check_within_device, device_memory_of, profiling_bound
 
     from ..sweep.tasks import Profiled
 
     progress = progress or Progress(enabled=False)
     parsed: Budget = parse_budget(budget)
     example = batch_size_of(example_inputs)
+    device_memory = device_memory_of(model, example_inputs, device_memory)
+    check_within_device(parsed, parsed.bytes, device_memory)
+    bound = profiling_bound(parsed, device_memory)
 
     def inputs_for(batch: int):
         if batch == example:
@@ -170,7 +182,8 @@ def find_max_batch(model: torch.nn.Module, example_inputs: Any, budget, solver: 
     def profile_at(batch: int):
         with progress.task(f"Profiling at batch size {batch}"):
             try:
-                return profiler.profile(model, inputs_for(batch), loss_fn=loss_fn, granularity=granularity)
+                return profiler.profile(model, inputs_for(batch), loss_fn=loss_fn, granularity=granularity,
+                                        memory_bound=bound)
             except profiler.CaptureError as error:
                 if batch == example:
                     raise
@@ -183,6 +196,7 @@ def find_max_batch(model: torch.nn.Module, example_inputs: Any, budget, solver: 
 
     base = profile_at(example)
     budget_bytes = parsed.resolve(_unplanned_peak(base.graph))  # a percentage: of the example batch's peak
+    check_within_device(parsed, budget_bytes, device_memory)
     second = example // 2 if example >= 4 else example * 2
     graphs = {example: base.graph, second: profile_at(second).graph}
     profiled = [example, second]
@@ -212,13 +226,18 @@ def find_max_batch(model: torch.nn.Module, example_inputs: Any, budget, solver: 
         if batch == 0:
             raise MaxBatchError(_nothing_fits(parsed, budget_bytes, max_overhead))
         inputs = inputs_for(batch)
-        real = base if batch == example else profile_at(batch)
+        try:
+            real = base if batch == example else profile_at(batch)
+        except OutOfMemory as error:  # even bounded, one op of this batch is more than the device holds
+            progress.note(f"  batch {batch}: does not fit ({error.device} ran out of memory profiling it)")
+            below = batch
+            continue
         if batch not in profiled:
             profiled.append(batch)
         try:
             with progress.task(f"Planning at batch size {batch}"):
                 made = plan(model, inputs, budget_bytes, solver=solver, time_limit=time_limit, profile=real,
-                            executor="traced")
+                            executor="traced", device_memory=device_memory)
         except BudgetInfeasible:
             made = None
         if made is not None and _within(made, max_overhead):

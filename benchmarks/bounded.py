@@ -1,0 +1,113 @@
+"""Memory-bounded profiles against full ones on the benchmark models (docs/profiler.md, "Planning
+what does not fit").
+
+For each model: the native planner's profile (single ops, the cross-entropy backward unfused) made
+whole, then within half and a tenth of the un-checkpointed step's predicted peak (a step 2x and 10x
+over the bound: profiler/rematerialize.py evicts and recomputes). For each profile: its time, what it
+held at most, the op calls it made again, and the region search (planner/native.py solve_native, no
+measurement) at 50% and 30% of the peak: are the regions the full profile's, and is the predicted
+step within 3% of the full profile's prediction for the same regions?
+
+    python benchmarks/bounded.py [--models gpt2 bert llama residual-mlp unet] [--budgets 0.5 0.3]
+                                 [--threads 1] [--out docs/benchmarks/bounded.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+sys.path.append(HERE)  # after the root: benchmarks/solvers.py is not the solvers package
+
+import torch  # noqa: E402
+
+from models import BENCHMARKS  # noqa: E402
+from planner.native import solve_native  # noqa: E402
+from planner.api import profile_for  # noqa: E402
+from solvers import Infeasible  # noqa: E402
+from solvers.regions import evaluate  # noqa: E402
+from tables import markdown_table, publish  # noqa: E402
+
+OVER = (2, 10)  # the step this many times over the bound
+BUDGETS = (0.5, 0.3)  # fractions of the un-checkpointed peak planned for (--budgets)
+
+
+def _predicted_peak(profile) -> int:
+    graph = profile.regroup("op").graph
+    return int(graph.graph["fixed_bytes"]) + evaluate(graph, ()).outcome.peak_bytes
+
+
+def _solve(profile, model, budget: int):
+    try:
+        solved, _ = solve_native(profile, model, budget)
+    except Infeasible:
+        return None
+    return solved
+
+
+def _seconds_of(profile, regions) -> float:
+    """The predicted step of ``regions`` priced on ``profile``'s op times."""
+    return evaluate(profile.regroup("op").graph, tuple(regions)).outcome.compute_cost
+
+
+def run(name: str, budgets=BUDGETS) -> list[tuple]:
+    bench = BENCHMARKS[name]
+    model, inputs = bench.build(), bench.inputs()
+    model.train()
+    started = time.perf_counter()
+    full = profile_for(model, inputs, loss_fn=bench.loss_fn, granularity="op")
+    full_seconds = time.perf_counter() - started
+    peak = _predicted_peak(full)
+    rows = [(name, "full", f"{peak / 2**20:.1f}", f"{full_seconds:.1f}", "-", "-", "", "")]
+    plans = {fraction: _solve(full, model, int(fraction * peak)) for fraction in budgets}
+    for over in OVER:
+        bound = peak // over
+        started = time.perf_counter()
+        bounded = profile_for(model, inputs, loss_fn=bench.loss_fn, granularity="op", memory_bound=bound)
+        seconds = time.perf_counter() - started
+        same, within = [], []
+        for fraction in budgets:
+            mine, theirs = _solve(bounded, model, int(fraction * peak)), plans[fraction]
+            if mine is None or theirs is None:
+                same.append(f"{fraction:.0%}: {'both infeasible' if mine is theirs else 'one infeasible'}")
+                continue
+            same.append(f"{fraction:.0%}: {'yes' if mine.regions == theirs.regions else 'no'}")
+            # The bounded profile's prediction of the full profile's plan, against the full one's.
+            ratio = _seconds_of(bounded, theirs.regions) / _seconds_of(full, theirs.regions)
+            within.append(f"{fraction:.0%}: {ratio - 1:+.1%}")
+        rows.append((name, f"bound = peak/{over}", f"{bound / 2**20:.1f}", f"{seconds:.1f}",
+                     f"{bounded.times.held_peak_bytes / 2**20:.1f}", str(bounded.times.recomputed_calls),
+                     ", ".join(same), ", ".join(within)))
+        print(rows[-1], flush=True)
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", default=["gpt2", "bert", "llama", "residual-mlp", "unet"],
+                        choices=sorted(BENCHMARKS))
+    parser.add_argument("--budgets", type=float, nargs="+", default=list(BUDGETS),
+                        help="fractions of the un-checkpointed peak to plan for")
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    rows = []
+    for name in args.models:
+        rows += run(name, tuple(args.budgets))
+    load = os.getloadavg()[0]
+    header = ("model", "profile", "peak or bound (MiB)", "profile (s)", "held at most (MiB)", "ops recomputed",
+              "same regions (budget)", "predicted step vs full (same regions)")
+    text = (f"Command: `python benchmarks/bounded.py {' '.join(sys.argv[1:])}` (torch {torch.__version__}, "
+            f"{torch.get_num_threads()} thread(s), load average {load:.1f} at the end)\n\n"
+            + markdown_table(header, rows))
+    publish(text, args.out)
+
+
+if __name__ == "__main__":
+    main()
