@@ -13,12 +13,14 @@ from runtime.rnn import staged_for_trace
 from profiler.api import parse_granularity
 from profiler.state import cuda_devices
 from solvers import Infeasible, simulate
+from solvers.options import check_time_limit
 from solvers.store_all import store_all_schedule
 
 from .budget import format_bytes, parse_budget
 from .fallback import FallbackWarning, ModuleChainPlan, measure_planned_step, plan_module_chain
 from .footprint import held_besides_schedule
 from .granularity import noted, solve_over_groupings
+from .least import refusal_below_floor
 from .native import NativePlan, distributed_problem, plan_native
 from .planfile import Plan, load, profile_fields
 
@@ -99,6 +101,7 @@ def plan(
         raise TypeError("plan() profiles and plans a model: pass the model and its example inputs; to plan from "
                         "a profile alone use planner.plan_from_profile(profile, budget)")
     parsed = parse_budget(budget)
+    time_limit = _time_limit(time_limit)
     executor = _executor(executor, solver)
     if distributed_problem(distributed):
         raise SolverError(distributed_problem(distributed) + " (docs/native.md, 'Several processes')")
@@ -183,12 +186,26 @@ def plan_from_profile(profile: profiler.Profile, budget="100%", solver: str = "a
     >>> planner.plan_from_profile(prof, "60%", solver="dp").predicted_peak_bytes  # doctest: +SKIP
     """
     parsed = parse_budget(budget)
+    time_limit = _time_limit(time_limit)
     _executor("traced", solver)
     graph = profile.graph
     fixed = held_besides_schedule(graph)
     store_all = simulate(graph, store_all_schedule(graph))
     unplanned_peak = fixed + store_all.peak_bytes
     budget_bytes = parsed.resolve(unplanned_peak)
+
+    def least_for(method: str) -> int | None:
+        try:
+            _solve(profile, 0, method, time_limit, finer)
+        except Infeasible as error:
+            return None if error.min_budget is None else int(error.min_budget)
+        except (ValueError, TimeoutError):
+            return None
+        return None
+
+    refusal = refusal_below_floor(graph, str(parsed), budget_bytes, fixed, unplanned_peak, solver, least_for)
+    if refusal is not None:  # out of every solver's reach: no search (planner/least.py)
+        raise BudgetInfeasible(str(refusal), min_budget=refusal.min_budget, method=refusal.method)
     try:
         solved = _solve(profile, budget_bytes, solver, time_limit, finer)
     except ValueError as error:  # solvers raise ValueError for what they were asked, not for a bug
@@ -234,6 +251,15 @@ def profile_for(model: torch.nn.Module, example_inputs, loss_fn: Callable | None
         return profiler.profile(model, example_inputs, loss_fn=loss_fn, granularity=granularity, fuse_loss=True)
     with staged_for_trace(model):  # as plan_native traces: a stacked RNN's layers as modules
         return profiler.profile(model, example_inputs, loss_fn=loss_fn, granularity=granularity, fuse_loss=False)
+
+
+def _time_limit(time_limit) -> float | None:
+    """``time_limit`` checked before any work (solvers.options.check_time_limit: finite, at most a
+    week), for the traced solvers and the native search alike."""
+    try:
+        return check_time_limit(time_limit)
+    except ValueError as error:
+        raise SolverError(str(error)) from None
 
 
 def _executor(executor: str | None, solver: str) -> str:

@@ -369,11 +369,8 @@ def solve_native(profile: profiler.Profile, model: torch.nn.Module, budget_bytes
         return unwrapped + wrapper_bytes(model, distributed, regions) + _rng_bytes(regions, devices)
 
     for _ in range(3):  # the RNG states (and FSDP2's gathered units) depend on the regions: settle them
-        if activation_budget < 0:
-            raise Infeasible("the parameters, buffers and inputs alone exceed the budget", min_budget=None,
-                             method=METHOD)
-        try:
-            plan = plan_regions(graph, activation_budget, candidates, sequentials, time_limit=time_limit,
+        try:  # below the held bytes: searched at 0, for the least plan's figure the refusal owes
+            plan = plan_regions(graph, max(activation_budget, 0), candidates, sequentials, time_limit=time_limit,
                                 policies=policies)
         except Infeasible as error:
             raise _whole_step_least(error, graph, candidates, sequentials, time_limit, held_beside,
@@ -478,7 +475,8 @@ def plan_native(model: torch.nn.Module, example_inputs, budget: Budget, loss_fn=
                                  min_budget=measured.peak_bytes, method=METHOD) from None
             raise Infeasible(
                 f"budget {budget} ({format_bytes(budget_bytes)}) is below the least that checkpointing the model's "
-                f"modules reaches" + (f": {format_bytes(minimum)} ({minimum} bytes)" if minimum else "")
+                f"modules reaches" + (f": {format_bytes(minimum)} ({minimum} bytes; parameters, buffers and inputs take "
+                                      f"{format_bytes(fixed)} of it)" if minimum else "")
                 + _cache_hint(model, profile), min_budget=minimum, method=METHOD) from None
         if not measure:
             break

@@ -75,13 +75,13 @@ def _granularity(text: str) -> str:
 
 
 def _time_limit(text: str) -> float:
+    """A time limit as solvers.options.check_time_limit accepts it (finite, at most a week)."""
+    from solvers.options import TIME_LIMIT_FORMS, check_time_limit
+
     try:
-        value = float(text)
+        return check_time_limit(float(text))
     except ValueError:
-        value = float("nan")
-    if not 0 < value < float("inf"):  # nan fails both
-        raise argparse.ArgumentTypeError(f"{text!r} is not a time limit; give a positive number of seconds (e.g. 30)")
-    return value
+        raise argparse.ArgumentTypeError(f"{text!r} is not a time limit; give {TIME_LIMIT_FORMS} (e.g. 30)") from None
 
 
 def add_verbosity(parser: argparse.ArgumentParser) -> None:
