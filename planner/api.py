@@ -12,7 +12,7 @@ import runtime
 from runtime.rnn import staged_for_trace
 from profiler.api import parse_granularity
 from profiler.state import cuda_devices
-from solvers import Infeasible, simulate
+from solvers import Infeasible, SolverTimeout, simulate
 from solvers.options import check_time_limit
 from solvers.store_all import store_all_schedule
 
@@ -24,7 +24,7 @@ from .least import refusal_below_floor
 from .native import NativePlan, distributed_problem, plan_native
 from .planfile import Plan, load, profile_fields
 
-__all__ = ["BudgetInfeasible", "EXECUTORS", "profile_for", "FallbackWarning", "NativePlan", "SolverError", "Plan", "apply", "checkpoint",
+__all__ = ["BudgetInfeasible", "EXECUTORS", "profile_for", "FallbackWarning", "NativePlan", "PlanTimeout", "SolverError", "Plan", "apply", "checkpoint",
            "load", "plan", "plan_from_profile", "plan_untraceable"]
 
 # native: torch.utils.checkpoint on the model's own modules (the default); traced: the profiled
@@ -36,6 +36,17 @@ NATIVE_SOLVERS = ("auto", "regions")
 class BudgetInfeasible(Infeasible):
     """The budget is below what the solver can reach. ``min_budget`` is in bytes of the whole step
     (parameters, buffers and inputs included), comparable with the budget the user gave."""
+
+
+class PlanTimeout(SolverTimeout):
+    """The time limit passed before the solver found a schedule within the user's budget. The
+    message quotes the budget as the user gave it (whole-step bytes); ``detail`` is the solver's own
+    words, whose byte figures are of the activations alone, with the bytes held besides them, so
+    that the command line and sweeps can put it after their own first words."""
+
+    def __init__(self, message: str, detail: str, method: str | None = None):
+        super().__init__(message, method=method)
+        self.detail = detail
 
 
 class SolverError(ValueError):
@@ -210,6 +221,12 @@ def plan_from_profile(profile: profiler.Profile, budget="100%", solver: str = "a
         solved = _solve(profile, budget_bytes, solver, time_limit, finer)
     except ValueError as error:  # solvers raise ValueError for what they were asked, not for a bug
         raise SolverError(f"solver {solver!r}: {error}") from error
+    except TimeoutError as error:  # the solver's figures are of the activations: say the user's budget first
+        detail = (f"{' '.join(str(error).split())}; its byte figures are of the activations alone, the step holding "
+                  f"{format_bytes(fixed)} ({fixed} bytes) besides them")
+        raise PlanTimeout(f"no schedule within budget {parsed} ({format_bytes(budget_bytes)}, {budget_bytes} bytes of "
+                          f"the whole step) was found in the time limit ({detail})", detail,
+                          method=getattr(error, "method", None) or solver) from None
     except Infeasible as error:
         minimum = error.min_budget
         if minimum is None:

@@ -56,7 +56,7 @@ def refusal_below_floor(graph, budget_text: str, budget_bytes: int, fixed_bytes:
     why = f"{held}, more than the budget" if budget_bytes < fixed_bytes else \
         f"{held}, and every schedule adds at least {format_bytes(floor - fixed_bytes)} of activations"
     return Infeasible(
-        f"budget {budget_text} ({format_bytes(budget_bytes)}) is below the least any plan of this model needs: {why}, "
+        f"budget {budget_text} ({format_bytes(budget_bytes)}) is below the minimum any plan of this model needs: {why}, "
         f"so no budget under {format_bytes(floor)} ({floor} bytes) plans; the least budget {method} reaches is "
         f"{format_bytes(least)} ({least} bytes)" + ("" if method == solver else f" ({solver} may reach a little less)"),
         min_budget=least, method=solver)

@@ -31,12 +31,13 @@ from profiler.state import cuda_devices, rng_state_bytes
 from runtime.chain import module_fingerprint
 from runtime.native import apply_native, input_shapes, parse_region, remove_native
 from runtime.rnn import staged_for_trace
-from solvers import Infeasible
+from solvers import Infeasible, simulate
 from solvers.regions import SAVE_POLICIES, RegionPlan, candidate_regions, plan_regions, region_costs
 from solvers.schedule import SolverInfo
 
 from .budget import Budget, format_bytes
 from .planfile import FORMAT as PLAN_FORMAT
+from .planchecks import native_figures_problem, overlapping_regions
 from .planfile import Plan, PlanFileError, PlanWarning, _list, _text, _whole, profile_fields
 
 NATIVE_FORMAT = "plan-checkpoints/native/1"
@@ -101,7 +102,11 @@ class NativePlan(Plan):
         return data
 
     @classmethod
-    def from_dict(cls, data: dict, source: str = "plan") -> NativePlan:
+    def from_dict(cls, data: dict, source: str = "plan", check_figures: bool = True) -> NativePlan:
+        """The native plan ``data`` holds, checked as :meth:`Plan.from_dict` checks a plan, with its
+        regions (none overlapping, each matching its graph's recomputations) and (``check_figures``;
+        planner/compiled.py's are measured on the compiled step) its figures against its region
+        schedule and its measurements (planner/planchecks.py). Raises :class:`PlanFileError`."""
         try:
             regions = tuple(_text(r) for r in _list(data["regions"]))
             shapes = data.get("input_shapes", {})
@@ -120,11 +125,16 @@ class NativePlan(Plan):
                 raise TypeError(f"wrapper_bytes is {type(wrapper).__name__}, not a whole number")
         except (KeyError, TypeError, ValueError) as error:
             raise PlanFileError(f"{source} is not a valid plan: {type(error).__name__}: {error}") from None
-        plain = Plan.from_dict({**data, "format": PLAN_FORMAT}, source)
+        plain = Plan.from_dict({**data, "format": PLAN_FORMAT}, source, check_figures=False)
         fields_ = {name: getattr(plain, name) for name in Plan.__dataclass_fields__}
-        return cls(**fields_, regions=regions, input_shapes=shapes, measured_peak_bytes=measured,
+        plan = cls(**fields_, regions=regions, input_shapes=shapes, measured_peak_bytes=measured,
                    measured_seconds=None if seconds is None else float(seconds), distributed=distributed,
                    wrapper_bytes=wrapper)
+        problem = native_figures_problem(plan, simulate(plan.graph, plan.schedule)) if check_figures \
+            else overlapping_regions(regions)
+        if problem:
+            raise PlanFileError(f"{source}: {problem} (the file was edited; plan again)")
+        return plan
 
 
 def sequential_containers(model: torch.nn.Module) -> dict[str, int]:

@@ -304,7 +304,7 @@ def _out_of_time(error: TimeoutError, args) -> TimeoutError:
     if isinstance(error, (_OutOfTime, PhaseTimeout)):
         return error
     limit = f"--time-limit {args.time_limit:g} s" if args.time_limit else "its default time limit"
-    detail = " ".join(str(error).split())
+    detail = " ".join(getattr(error, "detail", str(error)).split())  # planner.api.PlanTimeout: the solver's words
     return _OutOfTime(f"solver {args.solver} found no schedule within budget {args.budget} in {limit}"
                       + (f" ({detail})" if detail else ""))
 
