@@ -16,6 +16,7 @@ the prediction is an estimate of eager checkpointing, usually a little above it.
 
 from __future__ import annotations
 
+import json
 import time
 import warnings
 from collections.abc import Sequence
@@ -37,7 +38,7 @@ from solvers.schedule import SolverInfo
 
 from .budget import Budget, format_bytes
 from .planfile import FORMAT as PLAN_FORMAT
-from .planchecks import native_figures_problem, overlapping_regions
+from .planchecks import MODELLED_REGIONS, native_figures_problem, overlapping_regions
 from .planfile import Plan, PlanFileError, PlanWarning, _list, _text, _whole, profile_fields
 
 NATIVE_FORMAT = "plan-checkpoints/native/1"
@@ -585,6 +586,7 @@ def _native_plan(model, profile, solved: RegionPlan, held: int, budget: Budget, 
                  unplanned_peak: int, unplanned_seconds: float, measured, seconds: float) -> NativePlan:
     graph = solved.graph.copy()
     graph.graph["fingerprint"] = graph_fingerprint(graph)
+    graph.graph[MODELLED_REGIONS] = json.dumps(list(solved.regions))  # what load checks the plan's regions against
     recomputed = sum(len(region_costs(profile.regroup("op").graph, r).recomputed) for r in solved.regions)
     info = SolverInfo(
         method=METHOD, status="heuristic", solve_seconds=seconds, budget_bytes=budget_bytes - held,

@@ -12,6 +12,7 @@ planner/planfile.py and planner/native.py raise it as a ``PlanFileError``.
 
 from __future__ import annotations
 
+import json
 import math
 
 import networkx as nx
@@ -37,6 +38,10 @@ MEASURED_SECONDS_FACTOR = 1000.0
 # Bytes of one saved CPU generator state (a Mersenne Twister; profiler/state.py): what a native
 # plan's checkpoints add to the held bytes, per region and one more (planner/native.py, _rng_bytes).
 CPU_RNG_STATE_BYTES = 5056
+# The graph attribute naming the regions a native plan's region graph models (a JSON list; absent
+# from plans made before it was recorded): a region edited by hand (another module, another save
+# policy) no longer matches it, though its recomputed ops could.
+MODELLED_REGIONS = "regions"
 
 
 def overlapping_regions(regions) -> str | None:
@@ -91,7 +96,7 @@ def _common_problem(plan, outcome) -> str | None:
         budget = None  # a --max-batch plan's "60% of batch 8's peak", or a file's own words
     if budget is not None and budget.percent is not None:
         expected = budget.resolve(plan.unplanned_peak_bytes)
-        if abs(plan.budget_bytes - expected) > 1:
+        if plan.budget_bytes != expected:
             return (f"its budget {plan.budget_text} is {format_bytes(expected)} of its un-checkpointed peak "
                     f"{format_bytes(plan.unplanned_peak_bytes)}, not the {plan.budget_bytes} bytes it says")
     return None
@@ -190,6 +195,9 @@ def _measured_problem(plan) -> str | None:
 def _twins_problem(graph: nx.DiGraph, regions) -> str | None:
     """Every recomputed op (a ``recompute:`` twin) belongs to exactly one region, and every region is
     a module the trace ran: a region renamed, dropped or added by hand no longer matches the graph."""
+    modelled = graph.graph.get(MODELLED_REGIONS)
+    if modelled is not None and modelled != json.dumps(list(regions)):
+        return f"its regions {list(regions)} are not the ones its graph models: {modelled[:200]}"
     modules = {str(d.get("module", "")) for _, d in graph.nodes(data=True) if d.get("kind") == "forward"}
     for region in regions:
         if not any(within(module, region) for module in modules):
