@@ -22,7 +22,10 @@ from .footprint import held_besides_schedule
 from .granularity import noted, solve_over_groupings
 from .least import refusal_below_floor
 from .native import NativePlan, distributed_problem, plan_native
-from .planfile import Plan, load, profile_fields
+from .planfile import Plan, PlanWarning, load, profile_fields
+from .trainmode import NOTE as TRAINING_NOTE
+from .trainmode import training_step
+from .unplannable import unplannable_reason
 
 __all__ = ["BudgetInfeasible", "EXECUTORS", "profile_for", "FallbackWarning", "NativePlan", "PlanTimeout", "SolverError", "Plan", "apply", "checkpoint",
            "load", "plan", "plan_from_profile", "plan_untraceable"]
@@ -116,6 +119,19 @@ def plan(
     executor = _executor(executor, solver)
     if distributed_problem(distributed):
         raise SolverError(distributed_problem(distributed) + " (docs/native.md, 'Several processes')")
+    _refuse_unplannable(model, example_inputs)
+    with training_step(model, PlanWarning) as switched:  # an eval-mode model: its training step (planner/trainmode.py)
+        made = _plan(model, example_inputs, parsed, solver, loss_fn, time_limit, granularity, profile, executor,
+                     distributed, compile)
+    if switched:
+        message = made.schedule.info.message
+        made.schedule = made.schedule.with_info(message=f"{message}; {TRAINING_NOTE}" if message else TRAINING_NOTE)
+    return made
+
+
+def _plan(model, example_inputs, parsed, solver, loss_fn, time_limit, granularity, profile, executor, distributed,
+          compile) -> Plan:
+    """:func:`plan` once its arguments are checked, the model in training mode."""
     if compile:
         return _plan_compiled(model, example_inputs, parsed, solver, executor, loss_fn, time_limit, granularity,
                               profile, distributed)
@@ -264,10 +280,19 @@ def profile_for(model: torch.nn.Module, example_inputs, loss_fn: Callable | None
     native executor plans what eager autograd runs (the cross-entropy backward unfused), the traced
     one what its trace runs (fused, profiler/fusions.py)."""
     native = _executor(executor, solver) == "native"
+    _refuse_unplannable(model, example_inputs)
     if not native:
         return profiler.profile(model, example_inputs, loss_fn=loss_fn, granularity=granularity, fuse_loss=True)
     with staged_for_trace(model):  # as plan_native traces: a stacked RNN's layers as modules
         return profiler.profile(model, example_inputs, loss_fn=loss_fn, granularity=granularity, fuse_loss=False)
+
+
+def _refuse_unplannable(model, example_inputs) -> None:
+    """A :class:`SolverError` before anything runs for a model on the meta device or already under
+    Hugging Face's gradient checkpointing (planner/unplannable.py)."""
+    reason = unplannable_reason(model, example_inputs) if isinstance(model, torch.nn.Module) else None
+    if reason:
+        raise SolverError(reason)
 
 
 def _time_limit(time_limit) -> float | None:

@@ -199,6 +199,9 @@ def run_plan(argv: list[str]) -> int:
     from planner.budget import parse_budget
 
     args = _plan_parser().parse_args(_join_negative_budget(argv))
+    if args.max_batch and args.executor == "native":
+        raise _UsageError("--max-batch plans traced plans only (it predicts the traced graph's costs at other batch "
+                          "sizes): leave out --executor native, or plan native regions without --max-batch")
     if args.max_overhead is not None and not args.max_batch:
         raise _UsageError("--max-overhead goes with --max-batch (the overhead the largest batch may cost)")
     setup_logging(args.verbose)
