@@ -86,7 +86,8 @@ class NativePlan(Plan):
         lines += [
             f"Predicted time:    {self.predicted_seconds * 1000:.1f} ms of compute per step, "
             f"{self.predicted_overhead:+.1%} over no checkpointing",
-            f"Solver:            {self.method} ({self.status}) in {self.schedule.info.solve_seconds:.2f} s",
+            f"Solver:            {self.method} ({self.status}) in {self.schedule.info.solve_seconds:.2f} s"
+            + (f"; {self.schedule.info.message}" if self.schedule.info.message else ""),
             f"Checkpointed:      {shown or 'nothing (the step fits without checkpointing)'}",
         ]
         return "\n".join(lines)

@@ -17,8 +17,8 @@ from collections.abc import Iterator
 
 import torch
 
-NOTE = ("planned as the training step (model.train()): the model was in eval mode; call model.train() before "
-        "training with this plan")
+NOTE = ("the model was in eval mode: planned as its training step (model.train(): dropout on, batch norm "
+        "updating its statistics); call model.train() before training with this plan")
 
 
 @contextlib.contextmanager
@@ -31,7 +31,7 @@ def training_step(model: torch.nn.Module, warning: type[Warning]) -> Iterator[bo
         yield False
         return
     modes = [(module, module.training) for module in model.modules()]
-    warnings.warn(f"{type(model).__name__} is in eval mode: {NOTE}", warning, stacklevel=4)
+    warnings.warn(f"{type(model).__name__}: {NOTE}", warning, stacklevel=4)
     model.train()
     try:
         yield True
