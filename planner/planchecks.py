@@ -53,7 +53,7 @@ def overlapping_regions(regions) -> str | None:
     segment, or two regions that are the same module or one inside the other. Regions do not nest
     today (solvers/regions.py checks the same when it builds a region graph); were nesting planned,
     this is the one function to change."""
-    members = {}
+    members: list[tuple[str, list[str]]] = []  # a list: a region given twice is a duplicate, not one entry
     for region in regions:
         try:
             base, _ = split_policy(region)
@@ -63,16 +63,15 @@ def overlapping_regions(regions) -> str | None:
         if segment is None:
             if not base:
                 return "region '' is the model itself, which is never a checkpoint region"
-            members[region] = [base]
+            members.append((region, [base]))
             continue
         path, start, stop = segment
         if start >= stop:
             return f"region {region!r} is an empty run of children"
-        members[region] = [f"{path}.{i}" if path else str(i) for i in range(start, stop)]
-    names = list(members)
-    for i, first in enumerate(names):
-        for second in names[i + 1:]:
-            if any(within(m, second) for m in members[first]) or any(within(m, first) for m in members[second]):
+        members.append((region, [f"{path}.{i}" if path else str(i) for i in range(start, stop)]))
+    for i, (first, inside_first) in enumerate(members):
+        for second, inside_second in members[i + 1:]:
+            if any(within(m, second) for m in inside_first) or any(within(m, first) for m in inside_second):
                 return (f"regions {first!r} and {second!r} overlap (the same module, or one inside the other): "
                         "checkpoint regions do not nest")
     return None

@@ -176,3 +176,16 @@ def test_fuzz_native_plan_files(tmp_path, native_data):
         assert loaded.measured_seconds is None or loaded.measured_seconds > 0, change
 
     one()
+
+
+@pytest.mark.parametrize("regions, overlap", [
+    (["3", "3"], True), (["3", "3.0"], True), (["[0:3]", "2"], True), (["a@matmuls", "a"], True),
+    (["x[1:2]", "x"], True), (["[2:2]"], True), ([""], True), (["a@magic"], True),
+    (["[0:3]", "[3:5]"], False), (["h.1", "h.10"], False), (["3"], False), ([], False),
+])
+def test_regions_do_not_nest_in_one_function(regions, overlap):
+    """The one place a nested or duplicate region is refused (compiled plans, and native plans made
+    before their graph recorded its regions, rely on it alone)."""
+    from planner.planchecks import overlapping_regions
+
+    assert (overlapping_regions(regions) is not None) == overlap, overlapping_regions(regions)
