@@ -199,9 +199,11 @@ def run_plan(argv: list[str]) -> int:
     from planner.budget import parse_budget
 
     args = _plan_parser().parse_args(_join_negative_budget(argv))
-    if args.max_batch and args.executor == "native":
-        raise _UsageError("--max-batch plans traced plans only (it predicts the traced graph's costs at other batch "
-                          "sizes): leave out --executor native, or plan native regions without --max-batch")
+    if args.max_batch and (args.executor == "native" or args.solver == "regions"):  # before loading the model
+        given = "--executor native" if args.executor == "native" else "--solver regions"
+        raise _UsageError(f"--max-batch plans traced plans only (it predicts the traced graph's costs at other batch "
+                          f"sizes): leave out {given}, or plan native regions without --max-batch at the batch size "
+                          "you choose")
     if args.max_overhead is not None and not args.max_batch:
         raise _UsageError("--max-overhead goes with --max-batch (the overhead the largest batch may cost)")
     setup_logging(args.verbose)
