@@ -13,7 +13,8 @@ from runtime.rnn import staged_for_trace
 from profiler.api import parse_granularity
 from profiler.oom import reported_out_of_memory
 from profiler.state import cuda_devices
-from solvers import Infeasible, simulate
+from solvers import Infeasible, SolverTimeout, simulate
+from solvers.options import check_time_limit
 from solvers.store_all import store_all_schedule
 
 from .bounded import check_within_device, device_memory_of, profiling_bound
@@ -22,12 +23,16 @@ from .fallback import FallbackWarning, ModuleChainPlan
 from .measured import measure_planned_step
 from .footprint import held_besides_schedule
 from .granularity import noted, solve_over_groupings
+from .least import refusal_below_floor
 from .native import NativePlan, distributed_problem, plan_native
 from .optimizer import OptimizerSpecError, optimizer_problem
 from .untraced import is_eager, plan_untraced
-from .planfile import Plan, load, profile_fields
+from .planfile import Plan, PlanWarning, load, profile_fields
+from .trainmode import NOTE as TRAINING_NOTE
+from .trainmode import training_step
+from .unplannable import unplannable_reason
 
-__all__ = ["BudgetInfeasible", "EXECUTORS", "profile_for", "FallbackWarning", "NativePlan", "SolverError", "Plan", "apply", "checkpoint",
+__all__ = ["BudgetInfeasible", "EXECUTORS", "profile_for", "FallbackWarning", "NativePlan", "PlanTimeout", "SolverError", "Plan", "apply", "checkpoint",
            "load", "plan", "plan_from_profile", "plan_untraceable"]
 
 # native: torch.utils.checkpoint on the model's own modules (the default); traced: the profiled
@@ -39,6 +44,17 @@ NATIVE_SOLVERS = ("auto", "regions")
 class BudgetInfeasible(Infeasible):
     """The budget is below what the solver can reach. ``min_budget`` is in bytes of the whole step
     (parameters, buffers and inputs included), comparable with the budget the user gave."""
+
+
+class PlanTimeout(SolverTimeout):
+    """The time limit passed before the solver found a schedule within the user's budget. The
+    message quotes the budget as the user gave it (whole-step bytes); ``detail`` is the solver's own
+    words, whose byte figures are of the activations alone, with the bytes held besides them, so
+    that the command line and sweeps can put it after their own first words."""
+
+    def __init__(self, message: str, detail: str, method: str | None = None):
+        super().__init__(message, method=method)
+        self.detail = detail
 
 
 class SolverError(ValueError):
@@ -120,15 +136,29 @@ def plan(
         raise TypeError("plan() profiles and plans a model: pass the model and its example inputs; to plan from "
                         "a profile alone use planner.plan_from_profile(profile, budget)")
     parsed = parse_budget(budget)
+    time_limit = _time_limit(time_limit)
     executor = _executor(executor, solver)
     if distributed_problem(distributed):
         raise SolverError(distributed_problem(distributed) + " (docs/native.md, 'Several processes')")
+    _refuse_unplannable(model, example_inputs)
     if optimizer_problem(optimizer):
         raise OptimizerSpecError(optimizer_problem(optimizer))
     if optimizer is not None:
         _check_optimizer_with(executor, compile, distributed)
     device = device_memory_of(model, example_inputs, device_memory)
     check_within_device(parsed, parsed.bytes, device)
+    with training_step(model, PlanWarning) as switched:  # an eval-mode model: its training step (planner/trainmode.py)
+        made = _plan(model, example_inputs, parsed, solver, loss_fn, time_limit, granularity, profile, executor,
+                     distributed, compile, optimizer, device)
+    if switched:
+        message = made.schedule.info.message
+        made.schedule = made.schedule.with_info(message=f"{message}; {TRAINING_NOTE}" if message else TRAINING_NOTE)
+    return made
+
+
+def _plan(model, example_inputs, parsed, solver, loss_fn, time_limit, granularity, profile, executor, distributed,
+          compile, optimizer, device) -> Plan:
+    """:func:`plan` once its arguments are checked, the model in training mode."""
     if compile:
         return _plan_compiled(model, example_inputs, parsed, solver, executor, loss_fn, time_limit, granularity,
                               profile, distributed)
@@ -217,16 +247,36 @@ def plan_from_profile(profile: profiler.Profile, budget="100%", solver: str = "a
     >>> planner.plan_from_profile(prof, "60%", solver="dp").predicted_peak_bytes  # doctest: +SKIP
     """
     parsed = parse_budget(budget)
+    time_limit = _time_limit(time_limit)
     _executor("traced", solver)
     graph = profile.graph
     fixed = held_besides_schedule(graph)
     store_all = simulate(graph, store_all_schedule(graph))
     unplanned_peak = fixed + store_all.peak_bytes
     budget_bytes = parsed.resolve(unplanned_peak)
+
+    def least_for(method: str) -> int | None:
+        try:
+            _solve(profile, 0, method, time_limit, finer)
+        except Infeasible as error:
+            return None if error.min_budget is None else int(error.min_budget)
+        except (ValueError, TimeoutError):
+            return None
+        return None
+
+    refusal = refusal_below_floor(graph, str(parsed), budget_bytes, fixed, unplanned_peak, solver, least_for)
+    if refusal is not None:  # out of every solver's reach: no search (planner/least.py)
+        raise BudgetInfeasible(str(refusal), min_budget=refusal.min_budget, method=refusal.method)
     try:
         solved = _solve(profile, budget_bytes, solver, time_limit, finer)
     except ValueError as error:  # solvers raise ValueError for what they were asked, not for a bug
         raise SolverError(f"solver {solver!r}: {error}") from error
+    except TimeoutError as error:  # the solver's figures are of the activations: say the user's budget first
+        detail = (f"{' '.join(str(error).split())}; its byte figures are of the activations alone, the step holding "
+                  f"{format_bytes(fixed)} ({fixed} bytes) besides them")
+        raise PlanTimeout(f"no schedule within budget {parsed} ({format_bytes(budget_bytes)}, {budget_bytes} bytes of "
+                          f"the whole step) was found in the time limit ({detail})", detail,
+                          method=getattr(error, "method", None) or solver) from None
     except Infeasible as error:
         minimum = error.min_budget
         if minimum is None:
@@ -266,12 +316,30 @@ def profile_for(model: torch.nn.Module, example_inputs, loss_fn: Callable | None
     one what its trace runs (fused, profiler/fusions.py). ``memory_bound``: bytes profiling may hold
     (planner/bounded.py, ``profiling_bound``)."""
     native = _executor(executor, solver) == "native"
+    _refuse_unplannable(model, example_inputs)
     if not native:
         return profiler.profile(model, example_inputs, loss_fn=loss_fn, granularity=granularity, fuse_loss=True,
                                 memory_bound=memory_bound)
     with staged_for_trace(model):  # as plan_native traces: a stacked RNN's layers as modules
         return profiler.profile(model, example_inputs, loss_fn=loss_fn, granularity=granularity, fuse_loss=False,
                                 memory_bound=memory_bound)
+
+
+def _refuse_unplannable(model, example_inputs) -> None:
+    """A :class:`SolverError` before anything runs for a model on the meta device or already under
+    Hugging Face's gradient checkpointing (planner/unplannable.py)."""
+    reason = unplannable_reason(model, example_inputs) if isinstance(model, torch.nn.Module) else None
+    if reason:
+        raise SolverError(reason)
+
+
+def _time_limit(time_limit) -> float | None:
+    """``time_limit`` checked before any work (solvers.options.check_time_limit: finite, at most a
+    week), for the traced solvers and the native search alike."""
+    try:
+        return check_time_limit(time_limit)
+    except ValueError as error:
+        raise SolverError(str(error)) from None
 
 
 def _executor(executor: str | None, solver: str) -> str:

@@ -148,7 +148,7 @@ class CompiledNativePlan(NativePlan):
 
     @classmethod
     def from_dict(cls, data: dict, source: str = "plan") -> CompiledNativePlan:
-        native = NativePlan.from_dict(data, source)
+        native = NativePlan.from_dict(data, source, check_figures=False)  # measured on the compiled step
         try:
             compiled = _mapping(data["compiled"], "compiled")
             figures = {

@@ -16,6 +16,7 @@ the prediction is an estimate of eager checkpointing, usually a little above it.
 
 from __future__ import annotations
 
+import json
 import time
 import warnings
 from collections.abc import Sequence
@@ -32,7 +33,7 @@ from profiler.state import cuda_devices, rng_state_bytes
 from runtime.chain import module_fingerprint
 from runtime.native import apply_native, input_shapes, parse_region, remove_native
 from runtime.rnn import staged_for_trace
-from solvers import Infeasible
+from solvers import Infeasible, simulate
 from solvers.regions import SAVE_POLICIES, RegionPlan, candidate_regions, plan_regions, region_costs
 from solvers.schedule import SolverInfo
 
@@ -40,6 +41,7 @@ from .bounded import check_within_device, predicted_step_fits, profiling_bound
 from .budget import Budget, format_bytes
 from .optimizer import NO_OPTIMIZER, IterationMemory, held_at_the_end, iteration_memory, step_over_budget
 from .planfile import FORMAT as PLAN_FORMAT
+from .planchecks import MODELLED_REGIONS, native_figures_problem, overlapping_regions
 from .planfile import Plan, PlanFileError, PlanWarning, _list, _text, _whole, profile_fields
 
 NATIVE_FORMAT = "plan-checkpoints/native/1"
@@ -100,7 +102,8 @@ class NativePlan(Plan):
         lines += [
             f"Predicted time:    {self.predicted_seconds * 1000:.1f} ms of compute per step, "
             f"{self.predicted_overhead:+.1%} over no checkpointing",
-            f"Solver:            {self.method} ({self.status}) in {self.schedule.info.solve_seconds:.2f} s",
+            f"Solver:            {self.method} ({self.status}) in {self.schedule.info.solve_seconds:.2f} s"
+            + (f"; {self.schedule.info.message}" if self.schedule.info.message else ""),
             f"Checkpointed:      {shown or 'nothing (the step fits without checkpointing)'}",
         ]
         return "\n".join(lines)
@@ -121,7 +124,11 @@ class NativePlan(Plan):
         return data
 
     @classmethod
-    def from_dict(cls, data: dict, source: str = "plan") -> NativePlan:
+    def from_dict(cls, data: dict, source: str = "plan", check_figures: bool = True) -> NativePlan:
+        """The native plan ``data`` holds, checked as :meth:`Plan.from_dict` checks a plan, with its
+        regions (none overlapping, each matching its graph's recomputations) and (``check_figures``;
+        planner/compiled.py's are measured on the compiled step) its figures against its region
+        schedule and its measurements (planner/planchecks.py). Raises :class:`PlanFileError`."""
         try:
             regions = tuple(_text(r) for r in _list(data["regions"]))
             shapes = data.get("input_shapes", {})
@@ -147,12 +154,17 @@ class NativePlan(Plan):
                 raise TypeError(f"unplanned_peak_predicted is {type(predicted_only).__name__}, not true or false")
         except (KeyError, TypeError, ValueError) as error:
             raise PlanFileError(f"{source} is not a valid plan: {type(error).__name__}: {error}") from None
-        plain = Plan.from_dict({**data, "format": PLAN_FORMAT}, source)
+        plain = Plan.from_dict({**data, "format": PLAN_FORMAT}, source, check_figures=False)
         fields_ = {name: getattr(plain, name) for name in Plan.__dataclass_fields__}
-        return cls(**fields_, regions=regions, input_shapes=shapes, measured_peak_bytes=measured,
+        plan = cls(**fields_, regions=regions, input_shapes=shapes, measured_peak_bytes=measured,
                    measured_seconds=None if seconds is None else float(seconds), distributed=distributed,
                    wrapper_bytes=wrapper, optimizer=optimizer, optimizer_state_bytes=state,
                    optimizer_step_peak_bytes=stepping, unplanned_peak_predicted=predicted_only)
+        problem = native_figures_problem(plan, simulate(plan.graph, plan.schedule)) if check_figures \
+            else overlapping_regions(regions)
+        if problem:
+            raise PlanFileError(f"{source}: {problem} (the file was edited; plan again)")
+        return plan
 
 
 def sequential_containers(model: torch.nn.Module) -> dict[str, int]:
@@ -397,11 +409,8 @@ def solve_native(profile: profiler.Profile, model: torch.nn.Module, budget_bytes
         return unwrapped + wrapper_bytes(model, distributed, regions) + _rng_bytes(regions, devices)
 
     for _ in range(3):  # the RNG states (and FSDP2's gathered units) depend on the regions: settle them
-        if activation_budget < 0:
-            raise Infeasible("the parameters, buffers and inputs alone exceed the budget", min_budget=None,
-                             method=METHOD)
-        try:
-            plan = plan_regions(graph, activation_budget, candidates, sequentials, time_limit=time_limit,
+        try:  # below the held bytes: searched at 0, for the least plan's figure the refusal owes
+            plan = plan_regions(graph, max(activation_budget, 0), candidates, sequentials, time_limit=time_limit,
                                 policies=policies)
         except Infeasible as error:
             raise _whole_step_least(error, graph, candidates, sequentials, time_limit, held_beside,
@@ -533,7 +542,8 @@ def plan_native(model: torch.nn.Module, example_inputs, budget: Budget, loss_fn=
                                  min_budget=measured.peak_bytes, method=METHOD) from None
             raise Infeasible(
                 f"budget {budget} ({format_bytes(budget_bytes)}) is below the least that checkpointing the model's "
-                f"modules reaches" + (f": {format_bytes(minimum)} ({minimum} bytes)" if minimum else "")
+                f"modules reaches" + (f": {format_bytes(minimum)} ({minimum} bytes; parameters, buffers and inputs take "
+                                      f"{format_bytes(fixed)} of it)" if minimum else "")
                 + _cache_hint(model, profile), min_budget=minimum, method=METHOD) from None
         if not measure:
             break
@@ -653,6 +663,7 @@ def _native_plan(model, profile, solved: RegionPlan, held: int, budget: Budget, 
                  unplanned_peak: int, unplanned_seconds: float, measured, seconds: float) -> NativePlan:
     graph = solved.graph.copy()
     graph.graph["fingerprint"] = graph_fingerprint(graph)
+    graph.graph[MODELLED_REGIONS] = json.dumps(list(solved.regions))  # what load checks the plan's regions against
     recomputed = sum(len(region_costs(profile.regroup("op").graph, r).recomputed) for r in solved.regions)
     info = SolverInfo(
         method=METHOD, status="heuristic", solve_seconds=seconds, budget_bytes=budget_bytes - held,

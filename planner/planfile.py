@@ -24,6 +24,7 @@ from solvers.schedule import COMPUTE
 
 from .budget import format_bytes
 from .files import write_atomic
+from .planchecks import traced_figures_problem
 
 FORMAT = "plan-checkpoints/1"
 
@@ -172,7 +173,11 @@ class Plan:
         write_atomic(path, json.dumps(self.to_dict(), indent=1))
 
     @classmethod
-    def from_dict(cls, data: dict, source: str = "plan") -> Plan:
+    def from_dict(cls, data: dict, source: str = "plan", check_figures: bool = True) -> Plan:
+        """The plan ``data`` holds (as :meth:`to_dict` writes it), checked: types and ranges, the graph
+        against its fingerprint, the schedule by the simulator, and (``check_figures``: a traced
+        plan's; the native and fallback plans check their own) every figure against what its
+        schedule simulates to (planner/planchecks.py). Raises :class:`PlanFileError`."""
         try:
             if not isinstance(data, dict) or data.get("format") != FORMAT:
                 found = data.get("format") if isinstance(data, dict) else type(data).__name__
@@ -216,6 +221,9 @@ class Plan:
         outcome = simulate(plan.graph, plan.schedule)
         if not outcome.valid:
             raise PlanFileError(f"{source}: its schedule is not valid for its own graph ({outcome.error})")
+        problem = traced_figures_problem(plan, outcome) if check_figures else None
+        if problem:
+            raise PlanFileError(f"{source}: {problem} (the file was edited; plan again)")
         _warn_if_other_torch(plan.torch_version, source)
         return plan
 

@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 from .errors import Infeasible, SolverUnavailable
 from .graph import validate
-from .options import check_options
+from .options import check_options, check_time_limit
 from .schedule import Schedule
 from .simulate import simulate
 
@@ -73,8 +73,7 @@ def solve(graph, budget_bytes, method: str = "auto", time_limit: float | None = 
     """
     validate(graph)
     budget = check_budget(budget_bytes)
-    if time_limit is not None and not (isinstance(time_limit, numbers.Real) and time_limit > 0):
-        raise ValueError(f"time_limit must be a positive number of seconds, got {time_limit!r}")
+    time_limit = check_time_limit(time_limit)
     function = _resolve(AUTO) if method == "auto" else method_function(method)
     check_options(method, function, options)
     started = time.perf_counter()

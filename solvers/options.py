@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import inspect
+import numbers
 from collections.abc import Callable
 
 from .schedule import Schedule
@@ -19,6 +20,12 @@ from .schedule import Schedule
 # a 33-node graph ran for more than 600 s without a limit).
 DEFAULT_TIME_LIMIT = 300.0
 
+# The longest time limit accepted (seconds: a week). A larger one is no limit at all in practice
+# (``1e308`` meant "never stop": CP-SAT below a model's minimum searched on for good), so it is
+# refused, by solvers.solve, planner.plan and the command line alike (:func:`check_time_limit`).
+MAX_TIME_LIMIT = 7 * 24 * 3600.0
+TIME_LIMIT_FORMS = f"a positive number of seconds, at most {MAX_TIME_LIMIT:g} (a week)"
+
 # The positional arguments of every method function; everything else it takes is an option.
 _ARGUMENTS = ("graph", "budget", "time_limit")
 
@@ -26,6 +33,20 @@ _ARGUMENTS = ("graph", "budget", "time_limit")
 def time_limit_or_default(time_limit: float | None) -> float:
     """The caller's limit (seconds), or :data:`DEFAULT_TIME_LIMIT` when none is given."""
     return DEFAULT_TIME_LIMIT if time_limit is None else float(time_limit)
+
+
+def check_time_limit(time_limit, what: str = "time_limit") -> float | None:
+    """``time_limit`` as seconds (a float), or ``None`` for the default. Raises ``ValueError`` saying
+    what is accepted for anything else: not a real number, a bool, nan, 0 or less, or more than
+    :data:`MAX_TIME_LIMIT` (infinity included), so that every limit is finite and kept."""
+    if time_limit is None:
+        return None
+    if isinstance(time_limit, bool) or not isinstance(time_limit, numbers.Real) \
+            or not 0 < float(time_limit) <= MAX_TIME_LIMIT:  # nan fails the comparison too
+        shown = repr(time_limit) if len(repr(time_limit)) <= 40 else f"{repr(time_limit)[:24]}..."
+        raise ValueError(f"{what} {shown} is not accepted: give {TIME_LIMIT_FORMS}, or none for the default "
+                         f"({DEFAULT_TIME_LIMIT:g} s for the searching solvers)")
+    return float(time_limit)
 
 
 def accepted_options(function: Callable[..., Schedule]) -> list[str]:

@@ -98,6 +98,11 @@ def test_an_infeasible_budget_gives_the_true_minimum(tanh_mlp, solver):
     assert planner.format_bytes(minimum) in str(raised.value) and f"{minimum} bytes" in str(raised.value)
     plan = planner.plan(model, inputs, budget=minimum, **options)  # the minimum the message gives is met
     assert plan.predicted_peak_bytes <= minimum
+    if solver == "cpsat":
+        # Below the bytes held besides the activations every solver refuses at once (planner/least.py):
+        # the figure is the least dp reaches, which cpsat, searching every order, may beat.
+        assert "the least budget dp reaches" in str(raised.value)
+        return
     with pytest.raises(planner.BudgetInfeasible):
         planner.plan(model, inputs, budget=minimum - 1, **options)
 

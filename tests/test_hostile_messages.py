@@ -258,11 +258,12 @@ def test_a_solver_out_of_time_names_the_users_budget(folder, monkeypatch, capsys
         raise TimeoutError(f"ilp: no schedule within {budget} bytes found in the time limit ({time_limit} s)")
 
     monkeypatch.setattr(planner.granularity, "solve", out_of_time)
-    code = command.main([str(folder / "model.py"), "--budget", "70%", "--solver", "ilp", "--time-limit", "0.5",
+    # 6150 B: above the least any plan needs (6056 B, refused at once below it), below store-all's.
+    code = command.main([str(folder / "model.py"), "--budget", "6150B", "--solver", "ilp", "--time-limit", "0.5",
                          "--out", str(folder / "p.json"), "-q"])
     err = capsys.readouterr().err
     assert code == EXIT_TIMEOUT
-    assert err.startswith("plan-checkpoints: error: solver ilp found no schedule within budget 70% in --time-limit 0.5 s")
+    assert err.startswith("plan-checkpoints: error: solver ilp found no schedule within budget 6150B in --time-limit 0.5 s")
     assert len(err.strip().splitlines()) == 1 and not (folder / "p.json").exists()
 
 
@@ -278,9 +279,9 @@ def test_a_sweep_run_out_of_time_names_the_users_budget(folder, monkeypatch):
     spec = ModelSpec(name="model", file=str(folder / "model.py"), time_limit=0.5)
     profiled = profile_model(spec, None, None)
     monkeypatch.setattr(planner.granularity, "solve", out_of_time)
-    outcome = solve_run(Run("model__70pct__ilp", spec, parse_budget("70%"), "ilp", None), profiled)
+    outcome = solve_run(Run("model__6150B__ilp", spec, parse_budget("6150B"), "ilp", None), profiled)
     assert outcome.status == "error" and outcome.plan is None
-    assert outcome.error.startswith("no schedule within budget 70% found in 0.5 s (ilp: no schedule within ")
+    assert outcome.error.startswith("no schedule within budget 6150B found in 0.5 s (ilp: no schedule within ")
 
 
 # -- conventions -------------------------------------------------------------------------------------------------

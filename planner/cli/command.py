@@ -77,13 +77,13 @@ def _granularity(text: str) -> str:
 
 
 def _time_limit(text: str) -> float:
+    """A time limit as solvers.options.check_time_limit accepts it (finite, at most a week)."""
+    from solvers.options import TIME_LIMIT_FORMS, check_time_limit
+
     try:
-        value = float(text)
+        return check_time_limit(float(text))
     except ValueError:
-        value = float("nan")
-    if not 0 < value < float("inf"):  # nan fails both
-        raise argparse.ArgumentTypeError(f"{text!r} is not a time limit; give a positive number of seconds (e.g. 30)")
-    return value
+        raise argparse.ArgumentTypeError(f"{text!r} is not a time limit; give {TIME_LIMIT_FORMS} (e.g. 30)") from None
 
 
 def _plan_parser() -> argparse.ArgumentParser:
@@ -212,6 +212,11 @@ def run_plan(argv: list[str]) -> int:
     from planner.budget import parse_budget
 
     args = _plan_parser().parse_args(_join_negative_budget(argv))
+    if args.max_batch and (args.executor == "native" or args.solver == "regions"):  # before loading the model
+        given = "--executor native" if args.executor == "native" else "--solver regions"
+        raise _UsageError(f"--max-batch plans traced plans only (it predicts the traced graph's costs at other batch "
+                          f"sizes): leave out {given}, or plan native regions without --max-batch at the batch size "
+                          "you choose")
     if args.max_overhead is not None and not args.max_batch:
         raise _UsageError("--max-overhead goes with --max-batch (the overhead the largest batch may cost)")
     if args.optimizer is not None and args.optimizer_fn is not None:
@@ -355,7 +360,7 @@ def _out_of_time(error: TimeoutError, args) -> TimeoutError:
     if isinstance(error, (_OutOfTime, PhaseTimeout)):
         return error
     limit = f"--time-limit {args.time_limit:g} s" if args.time_limit else "its default time limit"
-    detail = " ".join(str(error).split())
+    detail = " ".join(getattr(error, "detail", str(error)).split())  # planner.api.PlanTimeout: the solver's words
     return _OutOfTime(f"solver {args.solver} found no schedule within budget {args.budget} in {limit}"
                       + (f" ({detail})" if detail else ""))
 

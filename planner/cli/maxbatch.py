@@ -30,6 +30,7 @@ import torch.utils._pytree as pytree
 from ..api import BudgetInfeasible, plan, plan_from_profile
 from ..budget import Budget, format_bytes, parse_budget
 from ..planfile import Plan
+from ..unplannable import unplannable_reason
 from .progress import Progress
 
 MAX_GROWTH = 2**16  # give up doubling beyond this multiple of the example batch
@@ -38,6 +39,14 @@ MAX_VERIFICATIONS = 4
 
 class MaxBatchError(ValueError):
     """No batch size fits, or the inputs or graph do not scale with a batch dimension."""
+
+
+class SearchCeiling(MaxBatchError):
+    """A plan still fits at :data:`MAX_GROWTH` times the example batch (``batch``): the search stops."""
+
+    def __init__(self, message: str, batch: int):
+        super().__init__(message)
+        self.batch = batch
 
 
 @dataclass
@@ -128,8 +137,8 @@ def largest_fitting(fits: Callable[[int], bool], start: int, below: int | None =
         low, candidate = start, start * 2
         while upper is None or candidate < upper:
             if candidate > start * MAX_GROWTH:
-                raise MaxBatchError(f"a plan still fits at batch {low} ({MAX_GROWTH}x the example's): the step's memory "
-                                    "does not seem to grow with dimension 0 of the inputs")
+                raise SearchCeiling(f"a plan still fits at batch {low} ({MAX_GROWTH}x the example's): the step's memory "
+                                    "does not seem to grow with dimension 0 of the inputs", low)
             if not fits(candidate):
                 upper = candidate
                 break
@@ -169,6 +178,13 @@ def find_max_batch(model: torch.nn.Module, example_inputs: Any, budget, solver: 
 
     progress = progress or Progress(enabled=False)
     parsed: Budget = parse_budget(budget)
+    if solver == "regions":
+        raise MaxBatchError("--max-batch plans traced plans only (the costs it predicts at other batch sizes are the "
+                            "traced graph's): use --solver auto or a method of the traced executor (dp, cpsat...), or "
+                            "plan native regions without --max-batch at the batch size you choose")
+    unplannable = unplannable_reason(model, example_inputs)
+    if unplannable:
+        raise MaxBatchError(unplannable)
     example = batch_size_of(example_inputs)
     device_memory = device_memory_of(model, example_inputs, device_memory)
     check_within_device(parsed, parsed.bytes, device_memory)
@@ -222,7 +238,10 @@ def find_max_batch(model: torch.nn.Module, example_inputs: Any, budget, solver: 
 
     below = None
     for _ in range(MAX_VERIFICATIONS):
-        batch = largest_fitting(predicted_fits, example, below)
+        try:
+            batch = largest_fitting(predicted_fits, example, below)
+        except SearchCeiling as ceiling:
+            raise _ceiling_error(ceiling, parsed, budget_bytes, graphs) from None
         if batch == 0:
             raise MaxBatchError(_nothing_fits(parsed, budget_bytes, max_overhead))
         inputs = inputs_for(batch)
@@ -249,6 +268,24 @@ def find_max_batch(model: torch.nn.Module, example_inputs: Any, budget, solver: 
         below = batch
     raise MaxBatchError(f"the predicted largest batch size did not fit when profiled, {MAX_VERIFICATIONS} times "
                         f"(last tried: {below}); the costs do not grow linearly with the batch size")
+
+
+def _ceiling_error(ceiling: SearchCeiling, budget: Budget, budget_bytes: int,
+                   graphs: dict[int, nx.DiGraph]) -> MaxBatchError:
+    """What to say when a plan still fits at the search's ceiling: the budget is simply large for
+    this model where the un-checkpointed peak grows with the batch (the two profiled batches say by
+    how much a sample), else the memory does not follow dimension 0 (``ceiling``'s own words)."""
+    (small, first), (large, second) = sorted(graphs.items())[:2]
+    per_sample = (_unplanned_peak(second) - _unplanned_peak(first)) / (large - small)
+    if per_sample <= 0:
+        return ceiling
+    fixed = _unplanned_peak(first) - per_sample * small
+    stored = int((budget_bytes - fixed) // per_sample)  # every sample's activations held, nothing recomputed
+    return MaxBatchError(
+        f"budget {budget} ({format_bytes(budget_bytes)}) is simply large for this model: a plan still fits at batch "
+        f"{ceiling.batch} ({MAX_GROWTH}x the example's, where --max-batch stops searching); its step grows by "
+        f"{format_bytes(per_sample)} a sample, so even without checkpointing about {stored:,} samples fit; give the "
+        "budget of the device you train on, or a larger example batch")
 
 
 def _unplanned_peak(graph: nx.DiGraph) -> int:

@@ -159,10 +159,13 @@ class _Reader:
         return self.value(node)
 
     def time_limit(self, node: yaml.Node) -> float:
+        from solvers.options import TIME_LIMIT_FORMS, check_time_limit
+
         value = self.value(node) if isinstance(node, yaml.ScalarNode) else None
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or value == float("inf"):
-            raise self.error(node, f"time_limit must be a positive number of seconds, got {_show(self, node)}")
-        return float(value)
+        try:
+            return check_time_limit(value if isinstance(value, (int, float)) else "not a number")
+        except ValueError:
+            raise self.error(node, f"time_limit must be {TIME_LIMIT_FORMS}, got {_show(self, node)}") from None
 
     def granularity(self, node: yaml.Node) -> str:
         from profiler.api import parse_granularity

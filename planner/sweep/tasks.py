@@ -163,7 +163,7 @@ def solve_run(run: Run, profiled: Profiled) -> Outcome:
                        min_budget_bytes=error.min_budget, solve_seconds=time.perf_counter() - started)
     except TimeoutError as error:  # the solver's words are about activation bytes: say the user's budget first
         limit = f"{run.model.time_limit:g} s" if run.model.time_limit else "the solver's default time limit"
-        detail = " ".join(str(error).split())
+        detail = " ".join(getattr(error, "detail", str(error)).split())  # planner.api.PlanTimeout: the solver's
         return Outcome(ERROR, method=run.solver, error=f"no schedule within budget {run.budget} found in {limit}"
                        + (f" ({detail})" if detail else ""), solve_seconds=time.perf_counter() - started)
     except Exception as error:  # a solver failure is this run's failure; the sweep goes on
