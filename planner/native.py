@@ -35,6 +35,7 @@ from solvers import Infeasible
 from solvers.regions import SAVE_POLICIES, RegionPlan, candidate_regions, plan_regions, region_costs
 from solvers.schedule import SolverInfo
 
+from . import checkpoint_clock
 from .budget import Budget, format_bytes
 from .planfile import FORMAT as PLAN_FORMAT
 from .planfile import Plan, PlanFileError, PlanWarning, _list, _text, _whole, profile_fields
@@ -417,14 +418,18 @@ def measure_native(model: torch.nn.Module, regions, example_inputs, loss_fn, rep
 def plan_native(model: torch.nn.Module, example_inputs, budget: Budget, loss_fn=None,
                 time_limit: float | None = None, granularity="module",
                 profile: profiler.Profile | None = None, measure: bool = True,
-                distributed: str | None = None, policies: Sequence[str] = tuple(SAVE_POLICIES)) -> NativePlan:
+                distributed: str | None = None, policies: Sequence[str] = tuple(SAVE_POLICIES),
+                clock: bool = True) -> NativePlan:
     """A :class:`NativePlan` for ``budget``: see the module docstring. Raises :class:`Infeasible`
     (``min_budget`` in whole-step bytes) when no set of regions fits.
 
     ``distributed`` (``"ddp"``, ``"fsdp2"`` or an :class:`FSDP2`) counts what the wrapper changes on
     each device (:func:`wrapper_bytes`) in the predicted and in the measured peak (the measurement
     runs unwrapped, in this process, and adds those bytes), and in the base of a ``"N%"`` budget.
-    ``policies`` restricts the save policies the search may use (benchmarks/policies.py compares)."""
+    ``policies`` restricts the save policies the search may use (benchmarks/policies.py compares).
+    ``clock``: price what torch.utils.checkpoint itself costs per region and per op under a policy,
+    measured on the model's device (planner/checkpoint_clock.py; fitted to one of the model's own
+    regions when ``measure``); False prices the recomputed ops alone (benchmarks/clock.py compares)."""
     refuse_wrapped(model)
     extra = wrapper_bytes(model, distributed)
     remove_native(model)  # re-planning a model planned before: trace its own forward
@@ -437,6 +442,10 @@ def plan_native(model: torch.nn.Module, example_inputs, budget: Budget, loss_fn=
         with staged_for_trace(model):
             profile = profiler.profile(model, example_inputs, loss_fn=loss_fn, granularity="op", fuse_loss=False)
     op_graph = profile.regroup("op").graph
+    if not clock:
+        op_graph.graph.pop(checkpoint_clock.KEY, None)
+    else:
+        checkpoint_clock.price(op_graph, model, example_inputs, policies, fit=measure)
     fixed = _fixed_bytes(op_graph) + extra
     from solvers.regions import evaluate
 
