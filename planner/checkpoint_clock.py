@@ -73,7 +73,8 @@ def _shape(graph: nx.DiGraph, region: str) -> RegionShape:
     passed = costs.nodes.index(costs.recomputed[-1]) + 1 if costs.recomputed else 0
     forward = sum(float(graph.nodes[v]["cost"]) for v in costs.nodes)
     recomputed = costs.seconds - costs.overhead_seconds
-    return RegionShape(len(costs.nodes), passed, len(costs.recomputed), recomputed / forward if forward > 0 else 0.0)
+    return RegionShape(len(costs.nodes), passed, len(costs.recomputed), recomputed / forward if forward > 0 else 0.0,
+                       forward)
 
 
 def measure_costs(model: torch.nn.Module, example_inputs, graph: nx.DiGraph, policies: Sequence[str],

@@ -56,7 +56,8 @@ class CheckpointCosts:
     policy (by the names of solvers/regions.py ``SAVE_POLICIES``), what its selective checkpoint
     adds per call, and per op per pass (the forward is one pass over the region's ops, the
     recomputation another over those it runs, cached or not). ``source``: what the figures were
-    measured on (``"synthetic"``, or the model's region they were fitted to)."""
+    measured on (``"synthetic"``, or the model's region they were fitted to); ``scale``: the factor
+    that put them on the profile's clock (:func:`fit_to_region`; 1 for the synthetic figures)."""
 
     device: str
     region_seconds: float
@@ -64,6 +65,7 @@ class CheckpointCosts:
     policy_region_seconds: dict[str, float] = field(default_factory=dict)
     policy_op_seconds: dict[str, float] = field(default_factory=dict)
     source: str = "synthetic"
+    scale: float = 1.0
 
     def as_graph_data(self) -> dict:
         """The figures as solvers/regions.py reads them from ``graph.graph["checkpoint_costs"]``
@@ -71,6 +73,7 @@ class CheckpointCosts:
         return {
             "device": self.device,
             "source": self.source,
+            "scale": self.scale,
             "region_seconds": self.region_seconds,
             "recomputed_op_seconds": self.recomputed_op_seconds,
             "policy_region_seconds": dict(self.policy_region_seconds),
@@ -212,13 +215,15 @@ REGION_ROUNDS = 4
 class RegionShape:
     """What the cost model counts of one region under one variant (plain or a policy):
     ``forward_ops`` in its forward, ``pass_ops`` its recomputation passes (up to PyTorch's early
-    stop, the policy's cached ones included), ``recomputed_ops`` of those run again, and their
-    share of the forward's seconds (``recomputed_share``, by the profile's op costs)."""
+    stop, the policy's cached ones included), ``recomputed_ops`` of those run again, their share
+    of the forward's seconds (``recomputed_share``), and the forward's ops' seconds
+    (``forward_seconds``), by the profile's op costs."""
 
     forward_ops: int
     pass_ops: int
     recomputed_ops: int
     recomputed_share: float
+    forward_seconds: float = 0.0
 
 
 class _Captured(Exception):
@@ -322,7 +327,13 @@ def fit_to_region(synthetic: CheckpointCosts, steps: Mapping[str, float], shapes
     ops (the measured forward's share of them) and the per-call parts, is spread over its ops: the
     plain checkpoint's over the ops it recomputes, a policy's (beyond the plain checkpoint's rate)
     over the ops of its two passes. A rate the measurement puts below the synthetic one keeps the
-    synthetic one."""
+    synthetic one.
+
+    Last, every figure is put on the profile's scale: times the profile's seconds of the region's
+    forward over its measured forward. The profile times each op by the wall clock, which another
+    process's load stretches (a 6-layer GPT-2 profiled at load 12 on 2 cores summed to 906 ms, its
+    eager step took 311 ms of CPU), and its plans are chosen, and their overhead predicted, by
+    ratios to those op costs: a checkpoint's cost must be in the same seconds."""
     plain = shapes["checkpoint"]
     forward = steps["forward"]
     residual = steps["checkpoint"] - steps["plain"] - forward * plain.recomputed_share - synthetic.region_seconds
@@ -336,8 +347,10 @@ def fit_to_region(synthetic: CheckpointCosts, steps: Mapping[str, float], shapes
         residual = (steps[variant] - steps["plain"] - forward * shape.recomputed_share - synthetic.region_seconds
                     - op_rate * shape.recomputed_ops - synthetic.policy_region_seconds.get(name, 0.0))
         policy_rates[name] = max(floor, residual / max(shape.forward_ops + shape.pass_ops, 1))
-    return CheckpointCosts(synthetic.device, synthetic.region_seconds, op_rate, dict(synthetic.policy_region_seconds),
-                           policy_rates, source)
+    scale = plain.forward_seconds / forward if plain.forward_seconds > 0 and forward > 0 else 1.0
+    return CheckpointCosts(synthetic.device, synthetic.region_seconds * scale, op_rate * scale,
+                           {name: seconds * scale for name, seconds in synthetic.policy_region_seconds.items()},
+                           {name: seconds * scale for name, seconds in policy_rates.items()}, source, scale)
 
 
 __all__ = ["CHAIN_LENGTHS", "CheckpointCosts", "RegionShape", "capture_region_inputs", "fit_to_region",
