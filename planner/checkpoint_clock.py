@@ -93,7 +93,9 @@ def measure_costs(model: torch.nn.Module, example_inputs, graph: nx.DiGraph, pol
         return costs
     shapes = {"checkpoint": _shape(graph, region)}
     shapes.update({f"policy:{name}": _shape(graph, f"{region}@{name}") for name in policies})
-    return fit_to_region(costs, steps, shapes, source=region)
+    # Stepped on one CPU thread (profiler/checkpoint_cost.py): on the profile's clock where its ops ran on one too.
+    on_one_thread = costs.device.startswith("cuda") or torch.get_num_threads() == 1
+    return fit_to_region(costs, steps, shapes, source=region, rescale=on_one_thread)
 
 
 def annotate(graph: nx.DiGraph, costs: CheckpointCosts) -> None:

@@ -25,8 +25,9 @@ calibration is a few hundred tiny steps (~0.2 s on one CPU thread).
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 import torch
@@ -100,6 +101,21 @@ def _timed(step: Callable[[], None], sync: Callable[[], None], clock: Callable[[
     step()
     sync()
     return clock() - started
+
+
+@contextlib.contextmanager
+def one_cpu_thread(device: torch.device) -> Iterator[None]:
+    """On a CPU, one torch thread while measuring: the checkpoint's machinery is Python on one
+    thread, and parallel ops on an oversubscribed machine wait for each other's threads (a
+    4-layer GPT-2's block stepped 42 times took 247 s with 2 threads at load 17 on 2 cores, 11 s
+    with one)."""
+    threads = torch.get_num_threads()
+    if device.type == "cpu":
+        torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _clock_for(device: torch.device) -> Callable[[], float]:
@@ -181,7 +197,7 @@ def measure_checkpoint_costs(device: torch.device | str = "cpu",
     runtime's, runtime/save_policies.py, so that what is timed is what plans run)."""
     device = torch.device(device)
     policy_contexts = dict(policy_contexts or {})
-    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), one_cpu_thread(device):
         least = _least_times(device, policy_contexts, rounds)
 
     def extra(length: int, variant: str, base: str) -> float:
@@ -209,6 +225,7 @@ def measure_checkpoint_costs(device: torch.device | str = "cpu",
 # the model's own regions, the synthetic figures kept as their floor and for the per-call part.
 
 REGION_ROUNDS = 4
+REGION_SECONDS = 5.0  # no round is started after this many seconds of the wall clock (one at least)
 
 
 @dataclass(frozen=True)
@@ -268,11 +285,13 @@ def _backward_of_outputs(output) -> None:
 
 def measure_region_steps(module: torch.nn.Module, args: tuple, kwargs: dict,
                          policy_contexts: Mapping[str, Callable[[], Callable]] | None = None,
-                         rounds: int = REGION_ROUNDS) -> dict[str, float]:
+                         rounds: int = REGION_ROUNDS, time_limit: float = REGION_SECONDS) -> dict[str, float]:
     """Least seconds of one forward and backward of ``module`` on ``(args, kwargs)``: ``"plain"``,
     ``"forward"`` (the forward alone, recording autograd, as a recomputation runs it), ``"checkpoint"`` (non-reentrant, generator states preserved) and ``"policy:<name>"`` under each
     of ``policy_contexts`` (as :func:`measure_checkpoint_costs`). Every variant stepped in turn in
-    each round, after one untimed round. Gradients, buffers and the random state are restored."""
+    each round, after one untimed round, on one CPU thread (:func:`one_cpu_thread`); no round
+    starts after ``time_limit`` seconds once one has been timed. Gradients, buffers and the random
+    state are restored."""
     policy_contexts = dict(policy_contexts or {})
     tensors = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
     devices = cuda_devices([*module.parameters(), *tensors])
@@ -301,9 +320,13 @@ def measure_region_steps(module: torch.nn.Module, args: tuple, kwargs: dict,
     variants = ["plain", "forward", "checkpoint", *(f"policy:{name}" for name in policy_contexts)]
     grads = [(p, p.grad) for p in module.parameters()]
     least: dict[str, float] = {}
+    started = time.perf_counter()
+    device = torch.device("cuda" if devices else "cpu")
     try:
-        with preserved_state(module, devices):
+        with preserved_state(module, devices), one_cpu_thread(device):
             for round_number in range(rounds + 1):
+                if round_number > 1 and time.perf_counter() - started > time_limit:
+                    break
                 for variant in variants:
                     step = prepare(variant)
                     seconds = _timed(step, sync, clock)
@@ -320,7 +343,7 @@ def measure_region_steps(module: torch.nn.Module, args: tuple, kwargs: dict,
 
 
 def fit_to_region(synthetic: CheckpointCosts, steps: Mapping[str, float], shapes: Mapping[str, RegionShape],
-                  source: str) -> CheckpointCosts:
+                  source: str, rescale: bool = True) -> CheckpointCosts:
     """``synthetic`` with its per-op rates raised to what one region of the model measured
     (``steps``: :func:`measure_region_steps`; ``shapes``: the cost model's counts of that region
     under the same variants). What a variant's step adds over the plain one, less the recomputed
@@ -333,7 +356,9 @@ def fit_to_region(synthetic: CheckpointCosts, steps: Mapping[str, float], shapes
     forward over its measured forward. The profile times each op by the wall clock, which another
     process's load stretches (a 6-layer GPT-2 profiled at load 12 on 2 cores summed to 906 ms, its
     eager step took 311 ms of CPU), and its plans are chosen, and their overhead predicted, by
-    ratios to those op costs: a checkpoint's cost must be in the same seconds."""
+    ratios to those op costs: a checkpoint's cost must be in the same seconds. ``rescale=False``
+    where the region was stepped with fewer threads than the profile's ops ran on (a CPU profile
+    with several threads): its forward is slower than the profile's, its Python overhead is not."""
     plain = shapes["checkpoint"]
     forward = steps["forward"]
     residual = steps["checkpoint"] - steps["plain"] - forward * plain.recomputed_share - synthetic.region_seconds
@@ -347,11 +372,11 @@ def fit_to_region(synthetic: CheckpointCosts, steps: Mapping[str, float], shapes
         residual = (steps[variant] - steps["plain"] - forward * shape.recomputed_share - synthetic.region_seconds
                     - op_rate * shape.recomputed_ops - synthetic.policy_region_seconds.get(name, 0.0))
         policy_rates[name] = max(floor, residual / max(shape.forward_ops + shape.pass_ops, 1))
-    scale = plain.forward_seconds / forward if plain.forward_seconds > 0 and forward > 0 else 1.0
+    scale = plain.forward_seconds / forward if rescale and plain.forward_seconds > 0 and forward > 0 else 1.0
     return CheckpointCosts(synthetic.device, synthetic.region_seconds * scale, op_rate * scale,
                            {name: seconds * scale for name, seconds in synthetic.policy_region_seconds.items()},
                            {name: seconds * scale for name, seconds in policy_rates.items()}, source, scale)
 
 
 __all__ = ["CHAIN_LENGTHS", "CheckpointCosts", "RegionShape", "capture_region_inputs", "fit_to_region",
-           "measure_checkpoint_costs", "measure_region_steps"]
+           "measure_checkpoint_costs", "measure_region_steps", "one_cpu_thread"]
