@@ -37,6 +37,7 @@ from solvers import Infeasible, simulate
 from solvers.regions import SAVE_POLICIES, RegionPlan, candidate_regions, plan_regions, region_costs
 from solvers.schedule import SolverInfo
 
+from . import checkpoint_clock
 from .bounded import check_within_device, predicted_step_fits, profiling_bound
 from .budget import Budget, format_bytes
 from .optimizer import NO_OPTIMIZER, IterationMemory, held_at_the_end, iteration_memory, step_over_budget
@@ -456,7 +457,7 @@ def plan_native(model: torch.nn.Module, example_inputs, budget: Budget, loss_fn=
                 time_limit: float | None = None, granularity="module",
                 profile: profiler.Profile | None = None, measure: bool = True,
                 distributed: str | None = None, policies: Sequence[str] = tuple(SAVE_POLICIES),
-                optimizer=None, device_memory: int | None = None) -> NativePlan:
+                optimizer=None, device_memory: int | None = None, clock: bool = True) -> NativePlan:
     """A :class:`NativePlan` for ``budget``: see the module docstring. Raises :class:`Infeasible`
     (``min_budget`` in whole-step bytes) when no set of regions fits.
 
@@ -470,7 +471,10 @@ def plan_native(model: torch.nn.Module, example_inputs, budget: Budget, loss_fn=
     runs unwrapped, in this process, and adds those bytes), and in the base of a ``"N%"`` budget.
     ``policies`` restricts the save policies the search may use (benchmarks/policies.py compares).
     ``optimizer`` (an instance or a name, planner/optimizer.py): every figure is of the training
-    iteration, its state held through forward and backward and its step after them."""
+    iteration, its state held through forward and backward and its step after them.
+    ``clock``: price what torch.utils.checkpoint itself costs per region and per op under a policy,
+    measured on the model's device (planner/checkpoint_clock.py; fitted to one of the model's own
+    regions when ``measure``); False prices the recomputed ops alone (benchmarks/clock.py compares)."""
     refuse_wrapped(model)
     check_within_device(budget, budget.bytes, device_memory)
     bound = profiling_bound(budget, device_memory)
@@ -487,6 +491,10 @@ def plan_native(model: torch.nn.Module, example_inputs, budget: Budget, loss_fn=
                                        memory_bound=bound)
     _warn_if_above_bound(profile, bound, device_memory)
     op_graph = profile.regroup("op").graph
+    if not clock:
+        op_graph.graph.pop(checkpoint_clock.KEY, None)
+    else:
+        checkpoint_clock.price(op_graph, model, example_inputs, policies, fit=measure)
     fixed = _fixed_bytes(op_graph) + extra
     from solvers.regions import evaluate
 

@@ -187,8 +187,10 @@ class RegionCosts:
     """One region's parts, in trace order: its forward ``nodes``; those its policy ``saved``; those
     its recomputation runs again (``recomputed``: up to the last one a backward op of the region
     reads, PyTorch's early stop, less the saved); its ``backward`` ops; its ``inputs`` (results from
-    outside that it reads, held by the checkpoint); ``seconds`` of recomputation; ``aliased``: saved
-    results that are one buffer with a later saved one (:func:`draw_chains`), held through it."""
+    outside that it reads, held by the checkpoint); ``seconds`` the region adds to the step: its
+    recomputation and ``overhead_seconds``, what the checkpoint itself costs
+    (:func:`checkpoint_overhead`); ``aliased``: saved results that are one buffer with a later saved
+    one (:func:`draw_chains`), held through it."""
 
     region: str
     nodes: tuple[Hashable, ...]
@@ -201,6 +203,7 @@ class RegionCosts:
     # packed (its forward results, recomputed or, under a policy, cached).
     trigger: Hashable | None = None
     aliased: tuple[Hashable, ...] = ()
+    overhead_seconds: float = 0.0
 
     def held_to_the_end(self, graph: nx.DiGraph) -> list[Hashable]:
         """What the checkpoint holds until the region's last backward op: its inputs, and saved
@@ -284,9 +287,28 @@ def region_costs(graph: nx.DiGraph, region: str, by_module: ModuleNodes | None =
     trigger = next((b for b in backward if any(p in members for p in graph.predecessors(b))), None)
     if trigger is not None:  # the engine unpacks (and the checkpoint recomputes) as the node starts
         trigger = first_of_node(graph, trigger)
-    seconds = sum(float(graph.nodes[v]["cost"]) for v in recomputed)
+    passed = needed[-1] + 1 if needed else 0  # ops the recomputation passes, cached ones included
+    overhead = checkpoint_overhead(graph, policy, len(nodes), passed, len(recomputed))
+    seconds = sum(float(graph.nodes[v]["cost"]) for v in recomputed) + overhead
     return RegionCosts(region, tuple(nodes), tuple(saved), recomputed, tuple(backward), inputs, seconds, trigger,
-                       tuple(v for v in nodes if v in aliased))
+                       tuple(v for v in nodes if v in aliased), overhead)
+
+
+def checkpoint_overhead(graph: nx.DiGraph, policy: str | None, forward_ops: int, passed_ops: int,
+                        recomputed_ops: int) -> float:
+    """Seconds ``torch.utils.checkpoint`` itself adds for one region, beyond its ops run again: per
+    call, per op recomputed, and under ``policy`` per op of the forward and of the recomputation's
+    pass (``passed_ops``, cached ones included), at the rates measured on the model's device
+    (profiler/checkpoint_cost.py) that the planner puts in ``graph.graph["checkpoint_costs"]``.
+    0 for a graph without them: then only the ops are priced."""
+    rates = graph.graph.get("checkpoint_costs")
+    if not rates:
+        return 0.0
+    seconds = float(rates["region_seconds"]) + float(rates["recomputed_op_seconds"]) * recomputed_ops
+    if policy is not None:
+        seconds += float(rates["policy_region_seconds"].get(policy, 0.0))
+        seconds += float(rates["policy_op_seconds"].get(policy, 0.0)) * (forward_ops + passed_ops)
+    return seconds
 
 
 def checkpointable(graph: nx.DiGraph, region: str) -> str | None:
@@ -347,6 +369,10 @@ def region_graph(graph: nx.DiGraph, regions: Iterable[str]) -> nx.DiGraph:
         parts = region_costs(graph, region)
         recomputed = set(parts.recomputed)
         backward = set(parts.backward)
+        if parts.overhead_seconds:  # what the checkpoint itself costs, on the op that enters it
+            entry = result.nodes[parts.nodes[0]]
+            entry["cost"] = float(entry["cost"]) + parts.overhead_seconds
+            entry["checkpoint_overhead"] = parts.overhead_seconds
         for v in parts.recomputed:
             data = dict(graph.nodes[v])
             data.update(kind=RECOMPUTE, recomputes=v)
@@ -466,14 +492,15 @@ class RegionModel:
         self._by_module = ModuleNodes.of(graph)
 
     def parts(self, region: str) -> tuple:
-        """(recomputed indices, backward indices, trigger index or None, held-until-last indices)."""
+        """(recomputed indices, backward indices, trigger index or None, held-until-last indices, the
+        checkpoint's own seconds)."""
         if region not in self._parts:
             costs = region_costs(self.graph, region, self._by_module)
             index = self.index
             held = [index[v] for v in costs.held_to_the_end(self.graph)]
             self._parts[region] = (
                 [index[v] for v in costs.recomputed], [index[b] for b in costs.backward],
-                None if costs.trigger is None else index[costs.trigger], held,
+                None if costs.trigger is None else index[costs.trigger], held, costs.overhead_seconds,
             )
         return self._parts[region]
 
@@ -486,7 +513,7 @@ class RegionModel:
         trigger: dict[int, list[int]] = {}
         hold: dict[int, list[int]] = {}
         parts = [self.parts(r) for r in regions]
-        for number, (recomputed, backward, first, held) in enumerate(parts):
+        for number, (recomputed, backward, first, held, _) in enumerate(parts):
             for b in backward:
                 backward_region[b] = number
             if backward:
@@ -529,7 +556,7 @@ class RegionModel:
                 continue
             frees_after.setdefault(position, []).append(instance)
         held = peak = 0
-        cost = 0.0
+        cost = sum(part[4] for part in parts)  # what the checkpoints themselves cost
         for position, instance in enumerate(sequence):
             base = instance if instance < n else twin_base[instance - n]
             peak = max(peak, held + self.mem[base] + self.workspace[base])
@@ -732,6 +759,7 @@ def solve_regions(graph: nx.DiGraph, budget_bytes: int, time_limit: float | None
 
 
 __all__ = [
-    "METHOD", "RegionCosts", "RegionPlan", "candidate_regions", "checkpointable", "evaluate", "plan_regions",
+    "METHOD", "RegionCosts", "RegionPlan", "candidate_regions", "checkpoint_overhead", "checkpointable", "evaluate",
+    "plan_regions",
     "region_computes", "region_costs", "region_graph", "region_schedule", "solve_regions", "twin", "within",
 ]

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 import planner
+from planner.planfile import PlanFileError
 from models import gpt2, hf_loss
 from planner.optimizer import OptimizerSpecError, optimizer_problem
 from iterations import iteration_peak, nanogpt_adamw, sgd_momentum
@@ -184,7 +185,15 @@ def test_a_budget_below_the_optimizer_step_says_so(gpt_profile):
     assert raised.value.min_budget > 2_000_000
 
 
-def test_the_plan_file_records_the_optimizer_and_old_files_still_load(sgd_run, tmp_path):
+def _without_optimizer_fields(path) -> None:
+    """The plan file at ``path`` as plans made before the optimizer was recorded wrote it."""
+    old = json.loads(path.read_text())
+    for key in ("optimizer", "optimizer_state_bytes", "optimizer_step_peak_bytes"):
+        old.pop(key, None)
+    path.write_text(json.dumps(old))
+
+
+def test_the_plan_file_records_the_optimizer_and_old_files_still_load(sgd_run, gpt_profile, tmp_path):
     plan, _ = sgd_run
     assert plan.optimizer.startswith("SGD, 1 param group, momentum 0.9")
     assert "Optimizer:" in plan.summary() and "whole iteration" in plan.summary()
@@ -193,10 +202,13 @@ def test_the_plan_file_records_the_optimizer_and_old_files_still_load(sgd_run, t
     loaded = planner.load(path)
     assert (loaded.optimizer, loaded.optimizer_state_bytes, loaded.optimizer_step_peak_bytes) == (
         plan.optimizer, plan.optimizer_state_bytes, plan.optimizer_step_peak_bytes)
-    old = json.loads(path.read_text())
-    for key in ("optimizer", "optimizer_state_bytes", "optimizer_step_peak_bytes"):
-        del old[key]
-    path.write_text(json.dumps(old))
+    # Its held bytes count the optimizer's state: without the fields that say so they no longer add up.
+    _without_optimizer_fields(path)
+    with pytest.raises(PlanFileError, match="besides its schedule"):
+        planner.load(path)
+    model, profile = gpt_profile
+    planner.plan(model, _inputs(), "60%", loss_fn=hf_loss, profile=profile).save(path)
+    _without_optimizer_fields(path)
     assert planner.load(path).optimizer is None and "Optimizer:" not in planner.load(path).summary()
 
 

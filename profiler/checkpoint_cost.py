@@ -1,0 +1,382 @@
+"""What ``torch.utils.checkpoint`` itself costs, measured on the model's device.
+
+The op costs of a profile price a checkpointed region's recomputation as its ops run again. The
+checkpoint does more (torch/utils/checkpoint.py, non-reentrant, ``preserve_rng_state=True``): at
+every call it saves the generators' states and enters its saved-tensor hooks; every tensor autograd
+saves inside the region goes through a Python pack hook, and through an unpack hook in the
+backward; the recomputation restores the random state (``fork_rng``), runs the region's Python
+forward again under its own hooks (packing every saved tensor once more), and records the autograd
+graph it then discards. Under a selective save policy (``context_fn`` of
+``create_selective_checkpoint_contexts``) every op of the region also goes through a Python
+``TorchDispatchMode`` and the policy, in the forward and again in the recomputation.
+
+:func:`measure_checkpoint_costs` measures these on a synthetic region, a chain of ``k`` elementwise
+ops on a tiny tensor (each op saves its input: one op, one saved tensor), at two lengths, each run
+plain, under ``no_grad`` (what the profile's op costs count of a recomputation), checkpointed, and
+checkpointed under each save policy. Differences between the variants are the checkpoint's own
+costs; the two lengths split them into a part per region (the intercept) and a part per saved
+tensor or per op (the slope). The numbers feed solvers/regions.py's cost of a region
+(``graph.graph["checkpoint_costs"]``: :meth:`CheckpointCosts.as_graph_data`).
+
+Robust to a loaded machine: every variant is stepped in turn in each round (paired), and each
+variant's least over the rounds is kept (another process's load only adds time). The whole
+calibration is a few hundred tiny steps (~0.2 s on one CPU thread).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+
+import torch
+import torch.utils._pytree as pytree
+import torch.utils.checkpoint as torch_checkpoint
+
+from .inputs import normalise_inputs
+from .state import cuda_devices, preserved_state
+
+# Ops in the short and the long synthetic region: far enough apart that the slope stands out of the
+# timer's and the machine's noise, short enough that a round costs about a millisecond on a CPU.
+CHAIN_LENGTHS = (4, 36)
+ROUNDS = 15
+ELEMENTS = 16  # elements of the synthetic tensor: its ops cost their dispatch, not their arithmetic
+
+
+@dataclass(frozen=True)
+class CheckpointCosts:
+    """Seconds ``torch.utils.checkpoint`` adds to a training step beyond running a region's ops
+    again, on ``device`` (see the module docstring).
+
+    ``region_seconds``: per checkpointed call (generator states saved and restored, hooks entered,
+    the checkpoint's own Python, in the forward and the recomputation together).
+    ``recomputed_op_seconds``: per op the recomputation runs (its saved tensors packed in the
+    forward and the recomputation and unpacked in the backward, the Python forward run again, the
+    discarded autograd recording). ``policy_region_seconds`` and ``policy_op_seconds``: per save
+    policy (by the names of solvers/regions.py ``SAVE_POLICIES``), what its selective checkpoint
+    adds per call, and per op per pass (the forward is one pass over the region's ops, the
+    recomputation another over those it runs, cached or not). ``source``: what the figures were
+    measured on (``"synthetic"``, or the model's region they were fitted to); ``scale``: the factor
+    that put them on the profile's clock (:func:`fit_to_region`; 1 for the synthetic figures)."""
+
+    device: str
+    region_seconds: float
+    recomputed_op_seconds: float
+    policy_region_seconds: dict[str, float] = field(default_factory=dict)
+    policy_op_seconds: dict[str, float] = field(default_factory=dict)
+    source: str = "synthetic"
+    scale: float = 1.0
+
+    def as_graph_data(self) -> dict:
+        """The figures as solvers/regions.py reads them from ``graph.graph["checkpoint_costs"]``
+        (plain numbers: a plan file keeps them)."""
+        return {
+            "device": self.device,
+            "source": self.source,
+            "scale": self.scale,
+            "region_seconds": self.region_seconds,
+            "recomputed_op_seconds": self.recomputed_op_seconds,
+            "policy_region_seconds": dict(self.policy_region_seconds),
+            "policy_op_seconds": dict(self.policy_op_seconds),
+        }
+
+
+class _Chain(torch.nn.Module):
+    """``length`` sines in a row: each saves its input for the backward."""
+
+    def __init__(self, length: int):
+        super().__init__()
+        self.length = length
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for _ in range(self.length):
+            x = torch.sin(x)
+        return x
+
+
+def _timed(step: Callable[[], None], sync: Callable[[], None], clock: Callable[[], float]) -> float:
+    sync()
+    started = clock()
+    step()
+    sync()
+    return clock() - started
+
+
+@contextlib.contextmanager
+def one_cpu_thread(device: torch.device) -> Iterator[None]:
+    """On a CPU, one torch thread while measuring: the checkpoint's machinery is Python on one
+    thread, and parallel ops on an oversubscribed machine wait for each other's threads (a
+    4-layer GPT-2's block stepped 42 times took 247 s with 2 threads at load 17 on 2 cores, 11 s
+    with one)."""
+    threads = torch.get_num_threads()
+    if device.type == "cpu":
+        torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _clock_for(device: torch.device) -> Callable[[], float]:
+    """The process's CPU time on a CPU (what other processes' load does not add to: a step
+    preempted for 10 ms reads 10 ms longer on the wall clock), the wall clock on a GPU (the host
+    waits for the device)."""
+    return time.perf_counter if device.type == "cuda" else time.process_time
+
+
+def _variants(chain: _Chain, x: torch.Tensor,
+              policy_contexts: Mapping[str, Callable[[], Callable]]) -> dict[str, Callable[[], Callable[[], None]]]:
+    """Each variant as a function that prepares one step (outside the timer: a policy's context is
+    made per call) and returns it."""
+
+    def backward_of(run):
+        def prepare():
+            def step():
+                run().sum().backward()
+            return step
+        return prepare
+
+    def no_grad():
+        def step():
+            with torch.no_grad():
+                chain(x)
+        return step
+
+    def checkpointed(make_context=None):
+        def prepare():
+            kwargs = {} if make_context is None else {"context_fn": make_context()}
+
+            def step():
+                torch_checkpoint.checkpoint(chain, x, use_reentrant=False, preserve_rng_state=True,
+                                            **kwargs).sum().backward()
+            return step
+        return prepare
+
+    variants = {"plain": backward_of(lambda: chain(x)), "no_grad": no_grad, "checkpoint": checkpointed()}
+    for name, make_context in policy_contexts.items():
+        variants[f"policy:{name}"] = checkpointed(make_context)
+    return variants
+
+
+def _least_times(device: torch.device, policy_contexts: Mapping[str, Callable[[], Callable]],
+                 rounds: int) -> dict[tuple[int, str], float]:
+    """(chain length, variant) -> least seconds of one step over ``rounds`` rounds, every variant of
+    both lengths stepped once per round."""
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    clock = _clock_for(device)
+    prepared = {}
+    for length in CHAIN_LENGTHS:
+        x = torch.randn(ELEMENTS, device=device, requires_grad=True)
+        for name, prepare in _variants(_Chain(length), x, policy_contexts).items():
+            prepared[(length, name)] = (prepare, x)
+    least: dict[tuple[int, str], float] = {}
+    for round_number in range(rounds + 1):  # the first round warms up (lazy initialisation), untimed
+        for key, (prepare, x) in prepared.items():
+            step = prepare()
+            seconds = _timed(step, sync, clock)
+            x.grad = None
+            if round_number:
+                least[key] = min(least.get(key, seconds), seconds)
+    return least
+
+
+def _line(short: float, long: float) -> tuple[float, float]:
+    """(intercept, slope) through (CHAIN_LENGTHS[0], short) and (CHAIN_LENGTHS[1], long), each
+    clamped at zero: a cost the noise made negative is no cost."""
+    a, b = CHAIN_LENGTHS
+    slope = max(0.0, (long - short) / (b - a))
+    return max(0.0, short - slope * a), slope
+
+
+def measure_checkpoint_costs(device: torch.device | str = "cpu",
+                             policy_contexts: Mapping[str, Callable[[], Callable]] | None = None,
+                             rounds: int = ROUNDS) -> CheckpointCosts:
+    """Measure :class:`CheckpointCosts` on ``device``. ``policy_contexts``: save-policy name ->
+    a function that makes the ``context_fn`` of one checkpointed call under that policy (the
+    runtime's, runtime/save_policies.py, so that what is timed is what plans run)."""
+    device = torch.device(device)
+    policy_contexts = dict(policy_contexts or {})
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), one_cpu_thread(device):
+        least = _least_times(device, policy_contexts, rounds)
+
+    def extra(length: int, variant: str, base: str) -> float:
+        return least[(length, variant)] - least[(length, base)]
+
+    short, long = CHAIN_LENGTHS
+    # The checkpoint's step against the plain one is its own cost plus the region's ops run again:
+    # those the profile prices (the no_grad forward), taken out.
+    checkpoint_extra = [extra(n, "checkpoint", "plain") - least[(n, "no_grad")] for n in CHAIN_LENGTHS]
+    region_seconds, op_seconds = _line(*checkpoint_extra)
+    policy_region, policy_op = {}, {}
+    for name in policy_contexts:
+        intercept, slope = _line(extra(short, f"policy:{name}", "checkpoint"), extra(long, f"policy:{name}", "checkpoint"))
+        # Each op passes the policy's dispatch mode twice: in the forward and in the recomputation.
+        policy_region[name], policy_op[name] = intercept, slope / 2
+    return CheckpointCosts(str(device), region_seconds, op_seconds, policy_region, policy_op)
+
+
+# -- the model's own region --------------------------------------------------------------------------
+# The synthetic region prices the checkpoint's machinery per op of a tiny chain. A model's ops carry
+# more: a transformer block's eager forward dispatches about twice the ops of its traced graph
+# (views, detaches), each through the policy's dispatch mode with more arguments to walk, and its
+# Python forward runs again. Measured on the benchmark GPT-2's block (one CPU thread): the synthetic
+# rates explain a fifth of what "@matmuls" costs beyond its ops. So the rates are fitted to one of
+# the model's own regions, the synthetic figures kept as their floor and for the per-call part.
+
+REGION_ROUNDS = 4
+REGION_SECONDS = 5.0  # no round is started after this many seconds of the wall clock (one at least)
+
+
+@dataclass(frozen=True)
+class RegionShape:
+    """What the cost model counts of one region under one variant (plain or a policy):
+    ``forward_ops`` in its forward, ``pass_ops`` its recomputation passes (up to PyTorch's early
+    stop, the policy's cached ones included), ``recomputed_ops`` of those run again, their share
+    of the forward's seconds (``recomputed_share``), and the forward's ops' seconds
+    (``forward_seconds``), by the profile's op costs."""
+
+    forward_ops: int
+    pass_ops: int
+    recomputed_ops: int
+    recomputed_share: float
+    forward_seconds: float = 0.0
+
+
+class _Captured(Exception):
+    """Raised by the capturing hook: the forward need not go past the region."""
+
+
+def capture_region_inputs(model: torch.nn.Module, path: str, example_inputs) -> tuple[tuple, dict]:
+    """The ``(args, kwargs)`` the submodule at ``path`` is called with in ``model``'s forward on
+    ``example_inputs`` (its first call), detached, each keeping whether it required grad. The
+    forward stops at that call; the random state and buffers are left as they were."""
+    args, kwargs = normalise_inputs(example_inputs)
+    module = model.get_submodule(path)
+    found: list = []
+
+    def hook(_module, hook_args, hook_kwargs):
+        def keep(value):
+            if isinstance(value, torch.Tensor):
+                return value.detach().requires_grad_(value.requires_grad and value.is_floating_point())
+            return value
+        found.append(pytree.tree_map(keep, (tuple(hook_args), dict(hook_kwargs))))
+        raise _Captured
+
+    tensors = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+    handle = module.register_forward_pre_hook(hook, with_kwargs=True)
+    try:
+        with preserved_state(model, cuda_devices([*model.parameters(), *tensors])):
+            model(*args, **kwargs)
+    except _Captured:
+        pass
+    finally:
+        handle.remove()
+    if not found:
+        raise ValueError(f"module {path!r} is not called in the forward")
+    return found[0]
+
+
+def _backward_of_outputs(output) -> None:
+    leaves = [t for t in pytree.tree_leaves(output) if isinstance(t, torch.Tensor) and t.requires_grad]
+    if leaves:
+        sum(t.float().sum() for t in leaves).backward()
+
+
+def measure_region_steps(module: torch.nn.Module, args: tuple, kwargs: dict,
+                         policy_contexts: Mapping[str, Callable[[], Callable]] | None = None,
+                         rounds: int = REGION_ROUNDS, time_limit: float = REGION_SECONDS) -> dict[str, float]:
+    """Least seconds of one forward and backward of ``module`` on ``(args, kwargs)``: ``"plain"``,
+    ``"forward"`` (the forward alone, recording autograd, as a recomputation runs it), ``"checkpoint"`` (non-reentrant, generator states preserved) and ``"policy:<name>"`` under each
+    of ``policy_contexts`` (as :func:`measure_checkpoint_costs`). Every variant stepped in turn in
+    each round, after one untimed round, on one CPU thread (:func:`one_cpu_thread`); no round
+    starts after ``time_limit`` seconds once one has been timed. Gradients, buffers and the random
+    state are restored."""
+    policy_contexts = dict(policy_contexts or {})
+    tensors = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+    devices = cuda_devices([*module.parameters(), *tensors])
+    sync = torch.cuda.synchronize if devices else (lambda: None)
+    clock = _clock_for(torch.device("cuda" if devices else "cpu"))
+
+    def call(*call_args, **call_kwargs):
+        return module(*call_args, **call_kwargs)
+
+    def prepare(variant: str):
+        name = variant.partition(":")[2]
+        context = {"context_fn": policy_contexts[name]()} if name else {}
+
+        def step():
+            if variant == "forward":
+                module(*args, **kwargs)
+                return
+            if variant == "plain":
+                output = module(*args, **kwargs)
+            else:
+                output = torch_checkpoint.checkpoint(call, *args, use_reentrant=False, preserve_rng_state=True,
+                                                     **context, **kwargs)
+            _backward_of_outputs(output)
+        return step
+
+    variants = ["plain", "forward", "checkpoint", *(f"policy:{name}" for name in policy_contexts)]
+    grads = [(p, p.grad) for p in module.parameters()]
+    least: dict[str, float] = {}
+    started = time.perf_counter()
+    device = torch.device("cuda" if devices else "cpu")
+    try:
+        with preserved_state(module, devices), one_cpu_thread(device):
+            for round_number in range(rounds + 1):
+                if round_number > 1 and time.perf_counter() - started > time_limit:
+                    break
+                for variant in variants:
+                    step = prepare(variant)
+                    seconds = _timed(step, sync, clock)
+                    for p, _ in grads:
+                        p.grad = None
+                    if round_number:
+                        least[variant] = min(least.get(variant, seconds), seconds)
+    finally:
+        for p, grad in grads:
+            p.grad = grad
+        for t in tensors:
+            t.grad = None
+    return least
+
+
+def fit_to_region(synthetic: CheckpointCosts, steps: Mapping[str, float], shapes: Mapping[str, RegionShape],
+                  source: str, rescale: bool = True) -> CheckpointCosts:
+    """``synthetic`` with its per-op rates raised to what one region of the model measured
+    (``steps``: :func:`measure_region_steps`; ``shapes``: the cost model's counts of that region
+    under the same variants). What a variant's step adds over the plain one, less the recomputed
+    ops (the measured forward's share of them) and the per-call parts, is spread over its ops: the
+    plain checkpoint's over the ops it recomputes, a policy's (beyond the plain checkpoint's rate)
+    over the ops of its two passes. A rate the measurement puts below the synthetic one keeps the
+    synthetic one.
+
+    Last, every figure is put on the profile's scale: times the profile's seconds of the region's
+    forward over its measured forward. The profile times each op by the wall clock, which another
+    process's load stretches (a 6-layer GPT-2 profiled at load 12 on 2 cores summed to 906 ms, its
+    eager step took 311 ms of CPU), and its plans are chosen, and their overhead predicted, by
+    ratios to those op costs: a checkpoint's cost must be in the same seconds. ``rescale=False``
+    where the region was stepped with fewer threads than the profile's ops ran on (a CPU profile
+    with several threads): its forward is slower than the profile's, its Python overhead is not."""
+    plain = shapes["checkpoint"]
+    forward = steps["forward"]
+    residual = steps["checkpoint"] - steps["plain"] - forward * plain.recomputed_share - synthetic.region_seconds
+    op_rate = max(synthetic.recomputed_op_seconds, residual / max(plain.recomputed_ops, 1))
+    policy_rates = dict(synthetic.policy_op_seconds)
+    for name, floor in synthetic.policy_op_seconds.items():
+        variant = f"policy:{name}"
+        if variant not in steps or variant not in shapes:
+            continue
+        shape = shapes[variant]
+        residual = (steps[variant] - steps["plain"] - forward * shape.recomputed_share - synthetic.region_seconds
+                    - op_rate * shape.recomputed_ops - synthetic.policy_region_seconds.get(name, 0.0))
+        policy_rates[name] = max(floor, residual / max(shape.forward_ops + shape.pass_ops, 1))
+    scale = plain.forward_seconds / forward if rescale and plain.forward_seconds > 0 and forward > 0 else 1.0
+    return CheckpointCosts(synthetic.device, synthetic.region_seconds * scale, op_rate * scale,
+                           {name: seconds * scale for name, seconds in synthetic.policy_region_seconds.items()},
+                           {name: seconds * scale for name, seconds in policy_rates.items()}, source, scale)
+
+
+__all__ = ["CHAIN_LENGTHS", "CheckpointCosts", "RegionShape", "capture_region_inputs", "fit_to_region",
+           "measure_checkpoint_costs", "measure_region_steps", "one_cpu_thread"]

@@ -1,0 +1,128 @@
+"""The native planner's clock (issue 28, item 4): what torch.utils.checkpoint itself costs, measured
+(profiler/checkpoint_cost.py, planner/checkpoint_clock.py) and priced (solvers/regions.py)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from solvers.regions import RegionModel, checkpoint_overhead, evaluate, plan_regions, region_costs, split_policy
+from test_regions import block_chain
+
+RATES = {"region_seconds": 0.25, "recomputed_op_seconds": 0.125,
+         "policy_region_seconds": {"matmuls": 0.5}, "policy_op_seconds": {"matmuls": 0.0625}}
+
+
+def with_rates(graph, rates):
+    graph = graph.copy()
+    graph.graph["checkpoint_costs"] = rates
+    return graph
+
+
+def test_region_costs_price_the_checkpoint_itself():
+    plain = block_chain(blocks=4, ops=4)
+    priced = with_rates(plain, RATES)
+    for region in ("layers.1", "layers.2@matmuls", "layers.0.op1"):
+        bare, costs = region_costs(plain, region), region_costs(priced, region)
+        assert bare.overhead_seconds == 0.0
+        assert costs.recomputed == bare.recomputed
+        expected = 0.25 + 0.125 * len(costs.recomputed)
+        if split_policy(region)[1]:
+            passed = costs.nodes.index(costs.recomputed[-1]) + 1
+            expected += 0.5 + 0.0625 * (len(costs.nodes) + passed)
+        assert costs.overhead_seconds == pytest.approx(expected)
+        assert costs.seconds == pytest.approx(bare.seconds + expected)
+        assert checkpoint_overhead(plain, split_policy(region)[1], 4, 4, 4) == 0.0
+    # The simulated step and the search's fast model count the same overheads, once per region.
+    regions = ("layers.0", "layers.2@matmuls", "layers.3.op2")
+    assert evaluate(priced, regions).outcome.compute_cost == pytest.approx(
+        evaluate(plain, regions).outcome.compute_cost + sum(region_costs(priced, r).overhead_seconds for r in regions))
+    model = RegionModel(priced)
+    candidates = ["layers.0", "layers.1@matmuls", "layers.2", "layers.3@matmuls", "layers.1.op0", "layers.3.op3"]
+    rng = random.Random(0)
+    for _ in range(20):
+        chosen = [r for r in candidates if rng.random() < 0.4]
+        try:
+            expected = evaluate(priced, chosen).outcome
+        except ValueError:  # overlapping regions
+            continue
+        assert model.peak_and_cost(chosen) == (expected.peak_bytes, pytest.approx(expected.compute_cost))
+
+
+def _budget_where_a_policy_is_chosen(graph):
+    """A budget at which the ops-only search checkpoints some region under a policy."""
+    bare = evaluate(graph, ()).outcome.peak_bytes
+    for percent in range(95, 30, -5):
+        budget = bare * percent // 100
+        try:
+            plan = plan_regions(graph, budget, policies=("matmuls",))
+        except Exception:  # noqa: BLE001 - below the least: try no lower
+            break
+        if any("@" in r for r in plan.regions):
+            return budget, plan
+    raise AssertionError("no budget where the ops-only search chose a policy")
+
+
+def test_a_policy_that_does_not_pay_is_not_chosen():
+    plain = block_chain(blocks=6, ops=4, mem=100)
+    budget, ops_only = _budget_where_a_policy_is_chosen(plain)
+    # Measured: the policy's dispatch costs more per op than recomputing the ops it saves spares.
+    costly = with_rates(plain, {**RATES, "policy_region_seconds": {"matmuls": 0.0},
+                                "policy_op_seconds": {"matmuls": 2.0}})
+    honest = plan_regions(costly, budget, policies=("matmuls",))
+    assert honest.outcome.peak_bytes <= budget
+    assert not any("@" in r for r in honest.regions), honest.regions
+    # ... and it is cheaper, by the measured clock, than the plan the ops-only clock chose.
+    assert honest.outcome.compute_cost < evaluate(costly, ops_only.regions).outcome.compute_cost
+    # Where the measurement says the policy pays (a cheap dispatch), it is still bought.
+    cheap = with_rates(plain, {**RATES, "policy_op_seconds": {"matmuls": 1e-6}, "policy_region_seconds": {"matmuls": 0.0}})
+    assert any("@" in r for r in plan_regions(cheap, budget, policies=("matmuls",)).regions)
+
+
+def test_calibration_is_positive_and_bounded():
+    from planner.checkpoint_clock import synthetic_costs
+    from solvers.regions import SAVE_POLICIES
+
+    costs = synthetic_costs("cpu", tuple(SAVE_POLICIES))
+    # Positive: the checkpoint costs something; bounded: a tiny op's machinery is microseconds, not
+    # milliseconds (10x the figures of a loaded 2-core machine, so that load does not fail it).
+    assert 0 < costs.region_seconds < 5e-3
+    assert 0 < costs.recomputed_op_seconds < 5e-4
+    assert set(costs.policy_op_seconds) == set(SAVE_POLICIES)
+    assert all(0 < seconds < 5e-4 for seconds in costs.policy_op_seconds.values())
+    assert all(0 <= seconds < 5e-3 for seconds in costs.policy_region_seconds.values())
+    assert synthetic_costs("cpu", tuple(SAVE_POLICIES)) is costs  # once per process
+
+
+def test_the_planner_fits_the_clock_to_the_model_and_prices_its_plans():
+    import torch
+
+    import planner
+    from models import gpt2, gpt2_inputs, hf_loss
+    from planner import checkpoint_clock
+    from planner.native import plan_native
+
+    torch.manual_seed(0)
+    model = gpt2(layers=2, embd=64, heads=2, vocab=256, positions=32).train()
+    inputs = gpt2_inputs(batch=2, tokens=32, vocab=256)
+    profile = planner.profile_for(model, inputs, loss_fn=hf_loss)
+    graph = profile.regroup("op").graph
+    before = {name: p.detach().clone() for name, p in model.state_dict().items()}
+    costs = checkpoint_clock.measure_costs(model, inputs, graph, ("matmuls",))
+    assert all(torch.equal(before[name], p) for name, p in model.state_dict().items())  # nothing trained
+    assert costs.source == "transformer.h.0"  # a block: the largest region with at most half the ops
+    floor = checkpoint_clock.synthetic_costs("cpu", ("matmuls",))
+    assert floor.recomputed_op_seconds <= costs.recomputed_op_seconds < 5e-3
+    assert floor.policy_op_seconds["matmuls"] <= costs.policy_op_seconds["matmuls"] < 5e-3
+
+    plan = plan_native(model, inputs, planner.parse_budget("85%"), loss_fn=hf_loss, profile=profile,
+                       policies=("matmuls",))
+    assert checkpoint_clock.KEY in graph.graph and plan.regions
+    overheads = sum(region_costs(graph, r).overhead_seconds for r in plan.regions)
+    assert overheads > 0
+    assert plan.predicted_seconds == pytest.approx(evaluate(graph, plan.regions).outcome.compute_cost)
+    ops_only = plan_native(model, inputs, planner.parse_budget("85%"), loss_fn=hf_loss, profile=profile,
+                           policies=("matmuls",), clock=False, measure=False)
+    assert checkpoint_clock.KEY not in graph.graph
+    assert ops_only.predicted_seconds == pytest.approx(evaluate(graph, ops_only.regions).outcome.compute_cost)
