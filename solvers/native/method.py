@@ -113,8 +113,12 @@ def solve_regions_exact(graph: nx.DiGraph, budget_bytes: int, candidates: Sequen
         taken = outcome.taken
         violated = _worst_events(rows, taken, budget_bytes)
         if violated:
-            for event in violated:
+            fresh = [event for event in violated if event not in milp.events_added]
+            for event in fresh:
                 milp.add_event(event)
+            if not fresh:  # over by less than HiGHS's feasibility tolerance (a byte or so of a budget): cut it off
+                milp.exclude(taken)
+                cuts += 1
             continue
         peak, _ = model.peak_and_cost([menu.choices[c] for c in sorted(taken)])
         if peak > budget_bytes:  # the rows and the simulator's twin disagree: never take the plan
