@@ -191,7 +191,7 @@ class _Reader:
     def solvers(self, node: yaml.Node) -> list[str]:
         from solvers import METHODS
 
-        accepted = ["auto", *METHODS]
+        accepted = ["auto", *(m for m in METHODS if m != "regions")]  # sweeps plan the traced executor only
         result = []
         for item in self.items(node, "solvers"):
             value = self.value(item) if isinstance(item, yaml.ScalarNode) else None
