@@ -222,3 +222,40 @@ def test_at_the_time_limit_the_heuristic_plan_comes_with_its_gap(gpt2_op_graph, 
     info = plan.schedule.info
     assert info.status == "feasible" and info.gap is not None and info.gap > 0
     assert plan.outcome.peak_bytes <= budget
+
+
+# -- through the planner ----------------------------------------------------------------------------------------
+
+@pytest.mark.slow  # the brute-force tests cover the method, tests/test_end_to_end.py the native plans' training
+def test_the_planner_plans_natively_with_the_exact_method_and_trains_as_eager():
+    """``planner.plan`` (solver "auto", the native executor): the exact method's plan, ``optimal`` in
+    its summary, measured within its budget; applied, three optimizer steps with dropout on give the
+    eager model's losses and parameters."""
+    import copy
+
+    import torch
+
+    import models
+    import planner
+
+    model = models.gpt2(layers=3)
+    eager = copy.deepcopy(model)
+    inputs = models.gpt2_inputs(batch=2, tokens=64)
+    plan = planner.plan(model, inputs, "80%", loss_fn=models.hf_loss, time_limit=60)
+    assert plan.executor == "native" and plan.regions
+    assert plan.status == "optimal" and "optimal" in plan.summary().split("Solver:")[1].splitlines()[0]
+    assert plan.measured_peak_bytes <= plan.budget_bytes
+    planned = planner.apply(model, plan)
+    for trained in (planned, eager):
+        trained.train()
+    optimizers = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (planned, eager)]
+    for step in range(3):
+        losses = []
+        for trained, optimizer in zip((planned, eager), optimizers):
+            optimizer.zero_grad()
+            loss, _, _ = models.training_step(trained, inputs, models.hf_loss, seed=100 + step)
+            optimizer.step()
+            losses.append(loss.item())
+        assert losses[0] == pytest.approx(losses[1], rel=1e-6), (step, losses)
+    for (name, a), (_, b) in zip(planned.named_parameters(), eager.named_parameters()):
+        assert torch.allclose(a, b, rtol=1e-5, atol=1e-6), name

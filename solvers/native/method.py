@@ -135,6 +135,10 @@ def solve_regions_exact(graph: nx.DiGraph, budget_bytes: int, candidates: Sequen
             raise Infeasible(f"no set of checkpointed regions fits {budget_bytes} bytes of activations"
                              + (f"; the least found holds {least}" if least is not None else ""),
                              min_budget=least, method=METHOD)
+        if least is not None:  # the heuristic's verdict stands: the exact search neither found a plan nor proved none
+            raise Infeasible(f"no set of checkpointed regions found within {budget_bytes} bytes of activations in the "
+                             f"time limit of {clock.limit:g} s; the least found holds {least}", min_budget=least,
+                             method=METHOD)
         raise SolverTimeout(f"{METHOD}: the time limit of {clock.limit:g} s passed before a plan within "
                             f"{budget_bytes} bytes was found", method=METHOD)
     plan = evaluate(graph, [menu.choices[c] for c in sorted(best)])
