@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import networkx as nx
 
-from ..regions import ModuleNodes, as_eager_runs, candidate_regions, checkpointable, segment, split_policy
+from ..regions import ModuleNodes, RegionModel, as_eager_runs, candidate_regions, checkpointable, segment, split_policy
 
 
 @dataclass(frozen=True)
@@ -57,17 +57,27 @@ def all_segments(graph: nx.DiGraph, sequentials: dict[str, int]) -> list[str]:
 
 
 def build_menu(graph: nx.DiGraph, candidates: Sequence[str] | None = None, sequentials: dict[str, int] | None = None,
-               policies: Sequence[str] = ()) -> Menu:
+               policies: Sequence[str] = (), model: RegionModel | None = None) -> Menu:
     """The menu over ``candidates`` (module regions, default every checkpointable module) and every
     run of the ``sequentials``' children, each plain and under each of ``policies`` (names of
-    solvers/regions.py ``SAVE_POLICIES``)."""
+    solvers/regions.py ``SAVE_POLICIES``). With ``model`` (the graph's :class:`RegionModel`), a
+    choice that checkpoints exactly as an earlier one does (the same recomputed ops, backward ops,
+    trigger and held results: ``projections`` in a region without ``bmm``, where it saves what
+    ``matmuls`` saves) is left out: the same plan, half the columns on such models."""
     graph = as_eager_runs(graph)
     if candidates is None:
         candidates = candidate_regions(graph)
     plain = list(dict.fromkeys([*candidates, *all_segments(graph, sequentials or {})]))
     choices = plain + [f"{r}@{policy}" for policy in policies for r in plain]
+    if model is not None:
+        first: dict[tuple, str] = {}
+        for choice in choices:
+            recomputed, backward, trigger, held = model.parts(choice)
+            first.setdefault((tuple(recomputed), tuple(backward), trigger, tuple(held)), choice)
+        kept = set(first.values())
+        choices = [c for c in choices if c in kept]
     by_module = ModuleNodes.of(graph)
-    nodes_of = {r: by_module.within(r, "forward") for r in plain}
+    nodes_of = {r: by_module.within(r, "forward") for r in dict.fromkeys(split_policy(c)[0] for c in choices)}
     owners: dict[Hashable, list[int]] = {}
     for index, choice in enumerate(choices):
         for v in nodes_of[split_policy(choice)[0]]:

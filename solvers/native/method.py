@@ -27,7 +27,7 @@ import numpy as np
 from ..clock import Clock
 from ..errors import Infeasible, SolverTimeout
 from ..options import time_limit_or_default
-from ..regions import SAVE_POLICIES, RegionModel, RegionPlan, evaluate, parse_segment, plan_regions
+from ..regions import SAVE_POLICIES, RegionModel, RegionPlan, evaluate, plan_regions
 from ..schedule import FEASIBLE, OPTIMAL, Schedule, SolverInfo
 from ..store_all import store_all_schedule
 from .menu import Menu, build_menu
@@ -41,21 +41,24 @@ HEURISTIC_SHARE = 0.3
 ROWS_PER_ROUND = 12
 
 
-def _menu_indices(menu: Menu, regions: Sequence[str]) -> set[int] | None:
-    """The heuristic's plan as menu choices; a one-child segment (``"layers[3:4]"``) is its child
-    module. None when a region is not on the menu."""
-    index = {choice: i for i, choice in enumerate(menu.choices)}
+def _signature(model: RegionModel, region: str) -> tuple:
+    recomputed, backward, trigger, held = model.parts(region)
+    return tuple(recomputed), tuple(backward), trigger, tuple(held)
+
+
+def _menu_indices(menu: Menu, regions: Sequence[str], model: RegionModel) -> set[int] | None:
+    """The heuristic's plan as menu choices: each region as the choice that checkpoints exactly as it
+    does (itself; for a one-child segment, ``"layers[3:4]"``, its child module; for a policy the menu
+    left out as a duplicate, the choice it duplicates). None when a region has no such choice."""
+    by_signature = {}
+    for i, choice in enumerate(menu.choices):
+        by_signature.setdefault(_signature(model, choice), i)
     taken = set()
     for region in regions:
-        base, _, policy = region.partition("@")
-        parsed = parse_segment(base)
-        if parsed is not None and parsed[2] - parsed[1] == 1:
-            path, start, _ = parsed
-            base = f"{path}.{start}" if path else str(start)
-        name = f"{base}@{policy}" if policy else base
-        if name not in index:
+        index = by_signature.get(_signature(model, region))
+        if index is None:
             return None
-        taken.add(index[name])
+        taken.add(index)
     return taken
 
 
@@ -83,15 +86,15 @@ def solve_regions_exact(graph: nx.DiGraph, budget_bytes: int, candidates: Sequen
     if empty.outcome.peak_bytes <= budget_bytes:
         return _reported(empty, OPTIMAL, None, started, "nothing to checkpoint: the step fits as it is")
     policies = tuple(policies or ())
-    menu = build_menu(graph, candidates, sequentials, policies)
     model = RegionModel(graph)
+    menu = build_menu(graph, candidates, sequentials, policies, model)
     start, least = _heuristic_start(graph, budget_bytes, candidates, sequentials, policies,
                                     clock.share(HEURISTIC_SHARE))
     clock.check(METHOD, "searching for a first plan")
     rows = build_rows(graph, menu, model)
     clock.check(METHOD, "building the memory rows")
     milp = RegionMilp(rows, budget_bytes)
-    best = _menu_indices(menu, start) if start is not None else None
+    best = _menu_indices(menu, start, model) if start is not None else None
     if start is not None and best is None:  # a region the menu lacks: keep the heuristic's plan as it is
         return _reported(evaluate(graph, start), FEASIBLE, None, started,
                          "the heuristic's plan (a region outside the exact method's menu)")
