@@ -62,8 +62,13 @@ def check_against_brute_force(graph, candidates, sequentials, policies, count: i
     for budget in budgets_between(table, count):
         best = min((cost for peak, cost, _ in table if peak <= budget), default=None)
         if best is None:
-            with pytest.raises(Infeasible):
+            with pytest.raises(Infeasible) as refused:
                 solve_regions_exact(graph, budget, candidates, sequentials, time_limit=60, policies=policies)
+            # The contract: min_budget is over the budget, and the method meets it.
+            least = refused.value.min_budget
+            assert least is not None and least > budget
+            at_least = solve_regions_exact(graph, least, candidates, sequentials, time_limit=60, policies=policies)
+            assert at_least.outcome.peak_bytes <= least
             continue
         plan = solve_regions_exact(graph, budget, candidates, sequentials, time_limit=60, policies=policies)
         outcome = simulate(plan.graph, plan.schedule)
