@@ -165,6 +165,37 @@ def test_the_rows_of_a_real_model_are_exact(gpt2_op_graph):
     assert shared > 0  # block outputs read again by the next block's recomputation: the z rows are exercised
 
 
+def row_value(rows, plan, constant, per_choice, terms, on_owner: float = 0.0) -> float:
+    """A memory row's left side at the plan ``plan`` (its shared results' ``z`` at their least values)."""
+    x = np.zeros(len(rows.menu.choices))
+    x[list(plan)] = 1
+    total = constant + float(per_choice @ x) + on_owner
+    for index, j, amount in terms:
+        total += amount * (rows.shared[index].breaks[j] <= rows.shared[index].alive_until(set(plan)))
+    return total
+
+
+def test_each_row_is_the_memory_at_its_event(gpt2_op_graph):
+    """The rows the MILP gets (a trace op's; a twin's, written on its trigger's row plus what the
+    twin adds, with its choice taken) equal the memory at their event, plan by plan."""
+    graph, candidates, _ = gpt2_op_graph
+    model = RegionModel(graph)
+    menu = build_menu(graph, candidates, {}, tuple(SAVE_POLICIES), model)
+    rows = build_rows(graph, menu, model)
+    twins = 0
+    for plan in random_plans(menu, 30, seed=2):
+        memory = rows.memory(set(plan))
+        for event in np.flatnonzero(rows.owner < 0)[::7]:
+            assert row_value(rows, plan, *rows.row(int(event))) == memory[event]
+        for d in plan:
+            for event in np.flatnonzero(rows.owner == d)[::3]:
+                written = rows.twin_row(int(event))
+                if written is not None:
+                    assert row_value(rows, plan, *written) == memory[event], (menu.choices[d], event)
+                    twins += 1
+    assert twins > 100
+
+
 # -- against brute force ----------------------------------------------------------------------------------------
 
 def test_equals_brute_force_on_hand_made_blocks():
