@@ -195,6 +195,10 @@ class _Reader:
         result = []
         for item in self.items(node, "solvers"):
             value = self.value(item) if isinstance(item, yaml.ScalarNode) else None
+            if value == "regions":
+                raise self.error(item, "solver regions plans the native executor (torch.utils.checkpoint on the model's "
+                                       "modules), which sweeps do not run: sweeps plan the traced executor; plan natively "
+                                       f"with plan-checkpoints MODEL.py --solver regions; accepted here: {', '.join(accepted)}")
             if value not in accepted:
                 raise self.error(item, f"unknown solver {_show(self, item)}; accepted: {', '.join(accepted)}")
             if value in result:
