@@ -37,6 +37,12 @@ from .peak_rows import build_rows
 METHOD = "regions"
 # Memory rows added per round: the events the incumbent breaks most.
 ROWS_PER_ROUND = 12
+# Seconds of a MILP run while rows are still being added (doubled after a run that found nothing
+# better than its start); once a new incumbent meets every row, the next run has the rest of the time. A run stops at its slice so that an
+# incumbent is checked early: on the residual MLP at 40% the first run, given the whole 30 s, spent
+# it on a plan that broke 205 events' rows (its 12 rows were far from enough), and the plan returned
+# was the heuristic's (+21.4%); in slices, +12.6% within 4.5% of the bound (at 120 s).
+FIRST_SLICE = 2.0
 
 
 def _signature(model: RegionModel, region: str) -> tuple:
@@ -102,17 +108,20 @@ def solve_regions_exact(graph: nx.DiGraph, budget_bytes: int, candidates: Sequen
     for event in _worst_events(rows, set(), budget_bytes):
         milp.add_event(event)
     bound, proven, nothing_fits, cuts, rounds = None, False, False, 0, 0
+    slice_seconds: float | None = FIRST_SLICE
     while not clock.expired():
         rounds += 1
         if best is not None:
             milp.start(best)
-        outcome = milp.solve(clock.left())
-        bound = outcome.bound if outcome.bound is not None else bound
+        outcome = milp.solve(clock.left() if slice_seconds is None else min(clock.left(), slice_seconds))
+        if outcome.bound is not None:  # every round's bound holds: its rows are some of the exact problem's
+            bound = outcome.bound if bound is None else max(bound, outcome.bound)
         if outcome.infeasible:  # no plan meets the rows (with cuts: none but those cut off, over the budget)
             proven, nothing_fits = best is not None, best is None
             break
         if outcome.taken is None:
-            break  # out of time without an incumbent of the rows
+            slice_seconds = None if slice_seconds is None else 2 * slice_seconds  # none in the slice: a longer one
+            continue
         taken = outcome.taken
         violated = _worst_events(rows, taken, budget_bytes)
         if violated:
@@ -128,11 +137,15 @@ def solve_regions_exact(graph: nx.DiGraph, budget_bytes: int, candidates: Sequen
             milp.exclude(taken)
             cuts += 1
             continue
-        if rows.cost_of(taken) < best_cost or best is None:
+        improved = best is None or rows.cost_of(taken) < best_cost
+        if improved:
             best, best_cost = taken, rows.cost_of(taken)
         proven = outcome.proven
         if proven:
             break
+        # A new plan that meets every row: the rest of the time for the proof. The start again (the
+        # run found nothing better in its slice): a longer slice, still checked when it ends.
+        slice_seconds = None if improved or slice_seconds is None else 2 * slice_seconds
     if best is None:
         if nothing_fits:
             raise Infeasible(f"no set of checkpointed regions fits {budget_bytes} bytes of activations"
