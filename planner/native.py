@@ -34,6 +34,7 @@ from runtime.chain import module_fingerprint
 from runtime.native import apply_native, input_shapes, parse_region, remove_native
 from runtime.rnn import staged_for_trace
 from solvers import Infeasible, simulate
+from solvers.native import solve_regions_exact
 from solvers.regions import SAVE_POLICIES, RegionPlan, candidate_regions, plan_regions, region_costs
 from solvers.schedule import SolverInfo
 
@@ -48,6 +49,9 @@ from .planfile import Plan, PlanFileError, PlanWarning, _list, _text, _whole, pr
 NATIVE_FORMAT = "plan-checkpoints/native/1"
 METHOD = "regions"
 REPAIRS = 3  # re-solves after a measured peak over the budget
+# Seconds the exact search may take per solve when the caller gives no limit: past it, the plan is the
+# best found (the heuristic's at worst) with its proven gap (solvers/native/method.py).
+NATIVE_TIME_LIMIT = 30.0
 
 
 @dataclass
@@ -103,7 +107,7 @@ class NativePlan(Plan):
         lines += [
             f"Predicted time:    {self.predicted_seconds * 1000:.1f} ms of compute per step, "
             f"{self.predicted_overhead:+.1%} over no checkpointing",
-            f"Solver:            {self.method} ({self.status}) in {self.schedule.info.solve_seconds:.2f} s"
+            f"Solver:            {self.method} ({_status_words(self.schedule.info)}) in {self.schedule.info.solve_seconds:.2f} s"
             + (f"; {self.schedule.info.message}" if self.schedule.info.message else ""),
             f"Checkpointed:      {shown or 'nothing (the step fits without checkpointing)'}",
         ]
@@ -166,6 +170,15 @@ class NativePlan(Plan):
         if problem:
             raise PlanFileError(f"{source}: {problem} (the file was edited; plan again)")
         return plan
+
+
+def _status_words(info: SolverInfo) -> str:
+    """The search's status as the summary says it: optimal over the native plans, or the proven gap."""
+    if info.status == "optimal":
+        return "optimal: no set of regions and save policies is predicted faster within the budget"
+    if info.gap is not None:
+        return f"{info.status}, within {info.gap:.1%} of the fastest native plan (time limit)"
+    return info.status
 
 
 def sequential_containers(model: torch.nn.Module) -> dict[str, int]:
@@ -410,9 +423,12 @@ def solve_native(profile: profiler.Profile, model: torch.nn.Module, budget_bytes
         return unwrapped + wrapper_bytes(model, distributed, regions) + _rng_bytes(regions, devices)
 
     for _ in range(3):  # the RNG states (and FSDP2's gathered units) depend on the regions: settle them
-        try:  # below the held bytes: searched at 0, for the least plan's figure the refusal owes
-            plan = plan_regions(graph, max(activation_budget, 0), candidates, sequentials, time_limit=time_limit,
-                                policies=policies)
+        # Below the held bytes: searched at 0, for the least plan's figure the refusal owes. The exact
+        # method (solvers/native), the heuristic search its start and its fallback at the time limit.
+        try:
+            plan = solve_regions_exact(graph, max(activation_budget, 0), candidates, sequentials,
+                                       time_limit=NATIVE_TIME_LIMIT if time_limit is None else time_limit,
+                                       policies=policies)
         except Infeasible as error:
             raise _whole_step_least(error, graph, candidates, sequentials, time_limit, held_beside,
                                     policies) from None
@@ -673,11 +689,13 @@ def _native_plan(model, profile, solved: RegionPlan, held: int, budget: Budget, 
     graph.graph["fingerprint"] = graph_fingerprint(graph)
     graph.graph[MODELLED_REGIONS] = json.dumps(list(solved.regions))  # what load checks the plan's regions against
     recomputed = sum(len(region_costs(profile.regroup("op").graph, r).recomputed) for r in solved.regions)
+    found = solved.schedule.info  # the search's status (optimal, or feasible with its gap) and how it got there
     info = SolverInfo(
-        method=METHOD, status="heuristic", solve_seconds=seconds, budget_bytes=budget_bytes - held,
+        method=METHOD, status=found.status, gap=found.gap, solve_seconds=seconds, budget_bytes=budget_bytes - held,
         predicted_peak_bytes=solved.outcome.peak_bytes, compute_cost=solved.outcome.compute_cost,
-        message=(f"checkpoint {len(solved.regions)} module(s) with torch.utils.checkpoint, recomputing "
-                 f"{recomputed} op(s)") if solved.regions else "nothing to checkpoint: the step fits as it is",
+        message=((f"checkpoint {len(solved.regions)} module(s) with torch.utils.checkpoint, recomputing "
+                  f"{recomputed} op(s)") if solved.regions else "nothing to checkpoint: the step fits as it is")
+        + (f"; {found.message}" if found.message else ""),
     )
     return NativePlan(
         schedule=solved.schedule.with_info(**info.__dict__),

@@ -29,6 +29,9 @@ METHODS: dict[str, str] = {
     "orderfree": "solvers.orderfree:solve_orderfree",
     # Repeated blocks planned once per class, a chain program over them, the order-free bound.
     "hierarchical": "solvers.hierarchical:solve_hierarchical",
+    # The native executor's plans (regions of the model checkpointed, solvers/native): its schedules
+    # run on a graph of their own, the op graph with the recomputed ops' twins (schedule.executed_graph).
+    "regions": "solvers.native:solve_regions",
 }
 
 # "auto" is no method of its own but a portfolio of them (solvers/auto.py), found like one: by name,
@@ -83,7 +86,8 @@ def solve(graph, budget_bytes, method: str = "auto", time_limit: float | None = 
         error.method = error.method or method
         raise
     elapsed = time.perf_counter() - started
-    outcome = simulate(graph, schedule)
+    executed = getattr(schedule, "executed_graph", None)  # a native plan's region graph
+    outcome = simulate(graph if executed is None else executed, schedule)
     if not outcome.valid or outcome.peak_bytes > budget:
         # A solver bug, never a user error: say exactly what went wrong.
         raise AssertionError(

@@ -246,6 +246,8 @@ CONFIG_ERRORS = [
      ["line 4", "unknown key 'model_kwarg' in models[0]", "model_kwargs:", "inputs_kwargs:"]),
     ("budgets: [60%]\nsolvers: [dp, magic]\nmodels:\n  - file: model.py\n",
      ["line 2", "unknown solver 'magic'", "chen-greedy"]),
+    ("budgets: [60%]\nsolvers: [regions]\nmodels:\n  - file: model.py\n",
+     ["line 2", "solver regions plans the native executor", "--solver regions"]),
     ("budgets: [60%]\nmodels:\n  - file: model.py\n  - file: nowhere.py\n", ["line 4", "nowhere.py does not exist"]),
     ("models:\n  - file: model.py\n    budgets: [60%, -5GB]\n", ["line 3", "'-5GB' is not valid", "60%"]),
     ("budgets: [60%, 60%]\nmodels:\n  - file: model.py\n", ["line 1", "listed twice"]),

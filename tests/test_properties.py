@@ -24,7 +24,7 @@ def graphs(max_nodes: int):
 
 
 def test_every_method_is_covered():
-    assert set(FAST_METHODS + SEARCH_METHODS + ["exhaustive"]) == set(METHODS)
+    assert set(FAST_METHODS + SEARCH_METHODS + ["exhaustive", "regions"]) == set(METHODS)
 
 
 @pytest.mark.parametrize("method", FAST_METHODS)

@@ -42,7 +42,8 @@ USAGE = """plan-checkpoints MODEL.py --budget BUDGET [options]   plan one model 
 def _methods() -> list[str]:
     from solvers import METHODS
 
-    return ["auto", "regions", *METHODS]  # regions: the native executor's search (planner/native.py)
+    # regions: the native executor's exact search (solvers/native, planner/native.py), listed once
+    return ["auto", *dict.fromkeys(["regions", *METHODS])]
 
 
 def version() -> str:

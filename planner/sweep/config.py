@@ -194,10 +194,14 @@ class _Reader:
     def solvers(self, node: yaml.Node) -> list[str]:
         from solvers import METHODS
 
-        accepted = ["auto", *METHODS]
+        accepted = ["auto", *(m for m in METHODS if m != "regions")]  # sweeps plan the traced executor only
         result = []
         for item in self.items(node, "solvers"):
             value = self.value(item) if isinstance(item, yaml.ScalarNode) else None
+            if value == "regions":
+                raise self.error(item, "solver regions plans the native executor (torch.utils.checkpoint on the model's "
+                                       "modules), which sweeps do not run: sweeps plan the traced executor; plan natively "
+                                       f"with plan-checkpoints MODEL.py --solver regions; accepted here: {', '.join(accepted)}")
             if value not in accepted:
                 raise self.error(item, f"unknown solver {_show(self, item)}; accepted: {', '.join(accepted)}")
             if value in result:

@@ -1,0 +1,19 @@
+"""The native executor's problem solved exactly: which regions of the model to checkpoint with
+``torch.utils.checkpoint``, each plain or under a save policy, for the fastest step whose peak fits.
+
+- menu.py: the choices (regions x policies) and which of them overlap;
+- peak_rows.py: the peak of any plan as linear rows over the choices, exact at every plan, read off
+  solvers/regions.py's cost model;
+- milp.py: those rows in HiGHS, added as incumbents break them;
+- method.py: the search (the heuristic of solvers/regions.py as its start), its status (``optimal``
+  or the gap) and the ``regions`` method of :func:`solvers.solve`.
+
+Pure Python, networkx, numpy and highspy: no torch, like the rest of ``solvers``.
+"""
+
+from .menu import Menu, all_segments, build_menu
+from .method import METHOD, RegionSchedule, solve_regions, solve_regions_exact
+from .peak_rows import PeakRows, build_rows
+
+__all__ = ["METHOD", "Menu", "PeakRows", "RegionSchedule", "all_segments", "build_menu", "build_rows", "solve_regions",
+           "solve_regions_exact"]

@@ -1,0 +1,292 @@
+"""The peak of a native plan as linear rows over the menu's choices: exact at every plan.
+
+solvers/regions.py defines what checkpointing a set of regions does (:func:`~solvers.regions.evaluate`,
+its fast twin :class:`~solvers.regions.RegionModel`): one sequence of *events* (every op of the
+trace in order, each chosen region's recomputed ops, its *twins*, inserted right before its trigger),
+every result held from its event until its last reader's. This module reads the same parts
+(``RegionModel.parts``: each region's recomputed ops, backward ops, trigger and what its checkpoint
+holds, from :func:`~solvers.regions.region_costs`) and writes the memory during each event as
+
+    memory(e) = constant(e) + sum_c delta_c(e) x_c + sum_v mem_v z_v(e)
+
+over binary ``x_c`` (choice ``c`` taken). A result's lifetime ends at its last reader, so a choice
+changes the memory only through the results whose last reader it moves: it removes readers (a
+backward op of the region reads the recomputed twin instead of the first run's result), or adds them
+(a twin reads an input; the checkpoint holds its inputs to the region's last backward op).
+
+- A result whose readers only choices of one *clique* move (choices that overlap, so a plan takes at
+  most one of them: a module under its policies and its submodules) has one lifetime per choice:
+  its change of lifetime under choice ``c`` alone is part of ``delta_c``, exactly.
+- A result that non-overlapping choices move (a block's output, read again by the next block's
+  recomputation and held by its checkpoint while the block that made it drops its other readers) is
+  *shared*: ``z_v(e)`` is 1 while some reader at or after ``e`` is active, by rows
+  ``z >= active(reader)`` (a removable reader is active unless the choice removing it is taken, an
+  added one when its choice is), monotone in ``e``. At a binary ``x`` the least ``z`` is the
+  lifetime itself, so the rows are exact there; relaxed, they never over-estimate.
+
+Events are placed on one axis: each choice's twins before its trigger (choices with the same trigger
+in menu order, as ``evaluate`` orders a plan's regions). A twin's event exists only when its choice
+is taken: its row holds only then. Units: bytes for memory, seconds for cost.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import networkx as nx
+import numpy as np
+
+from ..regions import RegionModel
+from .menu import Menu
+
+BASE = 1  # event kinds in the axis's sort key: a choice's twins (0) come before the op they precede (1)
+
+
+@dataclass(frozen=True)
+class Shared:
+    """A result whose lifetime non-overlapping choices move: held on axis events ``(born, fixed]``
+    whatever the plan; after ``fixed``, on the events up to breakpoint ``breaks[j]`` while ``z_j``.
+    ``needs[j]``: what makes ``z_j`` 1: ``("added", c)`` (a reader of choice ``c``) or
+    ``("removable", (c, ...))`` (a reader the choices ``c, ...`` each remove)."""
+
+    node: int
+    mem: int
+    born: int
+    fixed: int
+    breaks: tuple[int, ...]
+    needs: tuple[tuple[tuple[str, object], ...], ...]
+
+    def alive_until(self, taken: set[int]) -> int:
+        """The last axis event this result is held at under the plan ``taken`` (choice indices)."""
+        last = self.fixed
+        for position, needs in zip(self.breaks, self.needs):
+            for kind, what in needs:
+                if kind == "added" and what in taken or kind == "removable" and not taken.intersection(what):
+                    last = position
+        return last
+
+
+@dataclass
+class PeakRows:
+    """The linear model of the module docstring for one graph and menu.
+
+    ``constant[e]``: bytes held (and, at ``e``, computed) whatever the plan, on axis event ``e``;
+    ``owner[e]``: the choice whose twin event ``e`` is (-1 for the trace's own events); ``cost[c]``:
+    seconds choice ``c`` adds to the step; ``intervals``: ``delta_c`` as (start, stop, bytes,
+    choice) arrays, ``bytes`` added on events ``start..stop`` inclusive; ``shared``: the results of
+    :class:`Shared`."""
+
+    menu: Menu
+    base_cost: float
+    cost: np.ndarray
+    constant: np.ndarray
+    owner: np.ndarray
+    starts: np.ndarray
+    stops: np.ndarray
+    amounts: np.ndarray
+    choice_of: np.ndarray
+    shared: list[Shared] = field(default_factory=list)
+    # Axis event of each choice's trigger (the trace op its twins precede), -1 for a choice without twins.
+    trigger_at: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    own: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))  # bytes of the event's own result
+
+    @property
+    def events(self) -> int:
+        return len(self.constant)
+
+    def memory(self, taken: set[int]) -> np.ndarray:
+        """Bytes during each axis event under the plan ``taken`` (choice indices); the events of twins
+        of choices not taken hold no meaning (set to -1)."""
+        chosen = np.zeros(len(self.menu.choices), dtype=bool)
+        chosen[list(taken)] = True
+        mask = chosen[self.choice_of]
+        change = np.zeros(self.events + 1, dtype=np.int64)
+        np.add.at(change, self.starts[mask], self.amounts[mask])
+        np.add.at(change, self.stops[mask] + 1, -self.amounts[mask])
+        for result in self.shared:
+            last = result.alive_until(taken)
+            if last > result.fixed:
+                change[result.fixed + 1] += result.mem
+                change[last + 1] -= result.mem
+        memory = self.constant + np.cumsum(change[:-1])
+        inactive = (self.owner >= 0) & ~chosen[np.maximum(self.owner, 0)]
+        memory[inactive] = -1
+        return memory
+
+    def row(self, event: int) -> tuple[int, np.ndarray, list[tuple[int, int, int]]]:
+        """Event ``event``'s row: (constant bytes, bytes per choice, [(shared index, breakpoint j, bytes)])."""
+        covering = (self.starts <= event) & (event <= self.stops)
+        per_choice = np.bincount(self.choice_of[covering], weights=self.amounts[covering],
+                                 minlength=len(self.menu.choices)).astype(np.int64)
+        terms = []
+        for index, result in enumerate(self.shared):
+            if result.fixed < event <= result.breaks[-1]:
+                j = next(j for j, position in enumerate(result.breaks) if event <= position)
+                terms.append((index, j, result.mem))
+        return int(self.constant[event]), per_choice, terms
+
+    def twin_row(self, event: int) -> tuple[int, np.ndarray, list[tuple[int, int, int]], int] | None:
+        """The row of twin event ``event`` of choice ``d`` as the trigger's row plus ``x_d`` times what
+        the twin event adds: (bytes the row may hold besides the terms, bytes per choice, shared
+        terms, bytes on ``x_d``). At ``x_d = 0`` it is implied by the trigger's row (every term of it
+        or less), so no big-M: at ``x_d = 1`` it is the event's memory, since every other choice
+        moves memory alike at the event and at its trigger (none of them has an event between
+        them). None where some choice that does not overlap ``d`` has the same trigger (its twins
+        come between): the caller then uses the plain row with a big-M."""
+        d = int(self.owner[event])
+        trigger = int(self.trigger_at[d])
+        menu = self.menu
+        same = np.flatnonzero(self.trigger_at == trigger)
+        if any(c != d and not menu.overlapping(int(c), d) for c in same):
+            return None
+        constant_t, per_choice_t, shared_t = self.row(trigger)
+        constant_e, per_choice_e, shared_e = self.row(event)
+        own_t = int(self.own[trigger])
+        per_choice = per_choice_t.copy()
+        per_choice[d] = 0
+        on_d = int(per_choice_e[d]) + int(constant_e) - (int(constant_t) - own_t)
+        added_after = {index for index, result in enumerate(self.shared)
+                       if any(p >= event and ("added", d) in needs for p, needs in zip(result.breaks, result.needs))}
+        for index, _, amount in shared_e:
+            if index in added_after:
+                on_d += amount  # read again by d's recomputation (or held by its checkpoint) after this event
+        terms = [(index, j, amount) for index, j, amount in shared_t if index not in added_after]
+        return int(constant_t) - own_t, per_choice, terms, on_d
+
+    def cost_of(self, taken: set[int]) -> float:
+        """Predicted seconds of the step under ``taken``."""
+        return self.base_cost + float(sum(self.cost[c] for c in taken))
+
+
+def build_rows(graph: nx.DiGraph, menu: Menu, model: RegionModel | None = None) -> PeakRows:
+    """The :class:`PeakRows` of ``menu`` on ``graph`` (the profiler's op graph; ``model`` its
+    :class:`RegionModel`, when the caller has one)."""
+    model = model or RegionModel(graph)
+    n = len(model.order)
+    parts = [model.parts(choice) for choice in menu.choices]  # (recomputed, backward, trigger, held)
+    base_cost = model.peak_and_cost(())[1]
+    # What a choice adds to the step's time: its recomputed ops' seconds (region_costs' ``seconds``,
+    # what RegionModel and evaluate add to the step for it; tests/test_regions_exact.py checks the sum).
+    cost = np.array([float(sum(model.cost[w] for w in recomputed)) for recomputed, *_ in parts])
+
+    keys = [(i, BASE, 0, 0) for i in range(n)]
+    slots: list[list[int]] = []
+    for c, (recomputed, _, trigger, _) in enumerate(parts):
+        active = trigger is not None and bool(recomputed)
+        slots.append([len(keys) + k for k in range(len(recomputed))] if active else [])
+        if active:
+            keys += [(trigger, 0, c, k) for k in range(len(recomputed))]
+    order = sorted(range(len(keys)), key=keys.__getitem__)
+    position = np.empty(len(keys), dtype=np.int64)
+    position[order] = np.arange(len(keys))
+    events = len(keys)
+    at = [int(position[i]) for i in range(n)]  # axis position of trace op i
+    slot_at = [[int(position[s]) for s in choice_slots] for choice_slots in slots]
+    owner = np.full(events, -1, dtype=np.int64)
+    own = np.zeros(events, dtype=np.int64)
+    for i in range(n):
+        own[at[i]] = model.mem[i] + model.workspace[i]
+    for c, (recomputed, *_rest) in enumerate(parts):
+        for k, w in enumerate(recomputed if slot_at[c] else ()):
+            owner[slot_at[c][k]] = c
+            own[slot_at[c][k]] = model.mem[w] + model.workspace[w]
+
+    end = events - 1
+    readers: list[list[int]] = [[] for _ in range(n)]
+    for i in range(n):
+        for p in model.preds[i]:
+            readers[p].append(i)
+
+    def last_without(v: int, removed: set[int]) -> int:
+        if model.kept[v]:
+            return end
+        return max((at[r] for r in readers[v] if r not in removed), default=at[v])
+
+    plain_last = [last_without(v, set()) for v in range(n)]
+
+    # Every way each choice moves a result's readers: removed (backward ops reading the twin), added.
+    removes: dict[int, dict[int, set[int]]] = {}  # v -> choice -> trace readers it removes
+    adds: dict[int, dict[int, int]] = {}  # v -> choice -> the latest axis event it adds a reader at
+    twin_intervals: list[tuple[int, int, int, int]] = []
+    for c, (recomputed, backward, _trigger, held) in enumerate(parts):
+        inside = set(recomputed)
+        backward_set = set(backward)
+        for v in recomputed:
+            gone = {r for r in readers[v] if r in backward_set}
+            if gone:
+                removes.setdefault(v, {})[c] = gone
+        for k, w in enumerate(recomputed if slot_at[c] else ()):
+            for p in model.preds[w]:
+                if p not in inside:
+                    adds.setdefault(p, {})
+                    adds[p][c] = max(adds[p].get(c, -1), slot_at[c][k])
+        if backward:
+            for v in held:
+                adds.setdefault(v, {})
+                adds[v][c] = max(adds[v].get(c, -1), at[backward[-1]])
+        # The twins' own lifetimes: from their event to their last reader (a later twin, a backward op).
+        twin_index = {w: k for k, w in enumerate(recomputed)} if slot_at[c] else {}
+        last_twin = {w: slot_at[c][k] for w, k in twin_index.items()}
+        for k, w in enumerate(recomputed if slot_at[c] else ()):
+            for p in model.preds[w]:
+                if p in twin_index:
+                    last_twin[p] = max(last_twin[p], slot_at[c][k])
+        for b in backward if slot_at[c] else ():
+            for p in model.preds[b]:
+                if p in twin_index:
+                    last_twin[p] = max(last_twin[p], at[b])
+        for w, k in twin_index.items():
+            if last_twin[w] > slot_at[c][k]:
+                twin_intervals.append((slot_at[c][k] + 1, last_twin[w], model.mem[w], c))
+
+    constant_change = np.zeros(events + 1, dtype=np.int64)
+    intervals = list(twin_intervals)
+    shared: list[Shared] = []
+    for v in range(n):
+        born = at[v]
+        touched = set(removes.get(v, {})) | set(adds.get(v, {}))
+        if not touched or model.kept[v]:
+            if plain_last[v] > born:
+                constant_change[born + 1] += model.mem[v]
+                constant_change[plain_last[v] + 1] -= model.mem[v]
+            continue
+        all_removable = set().union(*removes.get(v, {}).values()) if removes.get(v) else set()
+        fixed = last_without(v, all_removable)
+        movers = {c for c, gone in removes.get(v, {}).items() if any(at[r] > fixed for r in gone)}
+        movers |= {c for c, latest in adds.get(v, {}).items() if latest > fixed}
+        if menu.one_clique(movers):
+            # One lifetime per choice (at most one of them is taken): exact as a per-choice delta.
+            if plain_last[v] > born:
+                constant_change[born + 1] += model.mem[v]
+                constant_change[plain_last[v] + 1] -= model.mem[v]
+            for c in movers:
+                last = max(last_without(v, removes.get(v, {}).get(c, set())), adds.get(v, {}).get(c, -1))
+                if last > plain_last[v]:
+                    intervals.append((plain_last[v] + 1, last, model.mem[v], c))
+                elif last < plain_last[v]:
+                    intervals.append((max(last, born) + 1, plain_last[v], -model.mem[v], c))
+            continue
+        if fixed > born:
+            constant_change[born + 1] += model.mem[v]
+            constant_change[fixed + 1] -= model.mem[v]
+        needs: dict[int, list] = {}
+        for r in readers[v]:
+            if at[r] <= fixed:
+                continue
+            who = tuple(sorted(c for c, gone in removes.get(v, {}).items() if r in gone))
+            needs.setdefault(at[r], []).append(("removable", frozenset(who)))
+        for c, latest in adds.get(v, {}).items():
+            if latest > fixed:
+                needs.setdefault(latest, []).append(("added", c))
+        # Added readers earlier than a choice's latest one never end the lifetime later than it: the latest is enough.
+        breaks = tuple(sorted(needs))
+        shared.append(Shared(v, model.mem[v], born, fixed, breaks, tuple(tuple(needs[p]) for p in breaks)))
+
+    constant = own + np.cumsum(constant_change[:-1])
+    if intervals:
+        starts, stops, amounts, choice_of = (np.array(column, dtype=np.int64) for column in zip(*intervals))
+    else:
+        starts = stops = amounts = choice_of = np.zeros(0, dtype=np.int64)
+    trigger_at = np.array([at[trigger] if slot_at[c] else -1 for c, (_, _, trigger, _) in enumerate(parts)],
+                          dtype=np.int64)
+    return PeakRows(menu, base_cost, cost, constant, owner, starts, stops, amounts, choice_of, shared, trigger_at, own)
