@@ -322,8 +322,10 @@ def _seconds(value, what: str = "") -> float:
     return float(value)
 
 
+# checkpoint_overhead: the part of a native region's entry op's cost that is torch.utils.checkpoint's
+# own (solvers/regions.py region_graph), kept so that the plan's un-checkpointed time can be checked.
 _NODE_FIELDS = ("cost", "mem", "workspace", "structural_workspace", "output", "pinned", "kind", "module", "ops", "random",
-                "value_class")
+                "value_class", "checkpoint_overhead")
 
 
 def graph_to_dict(graph: nx.DiGraph) -> dict:
@@ -356,8 +358,9 @@ def graph_from_dict(data: dict) -> nx.DiGraph:
         for name in ("mem", "workspace", "structural_workspace"):
             if name in attributes:
                 _whole(attributes[name], f"node {node!r:.40} {name}")
-        if "cost" in attributes:
-            _seconds(attributes["cost"], f"node {node!r:.40} cost")
+        for name in ("cost", "checkpoint_overhead"):
+            if name in attributes:
+                _seconds(attributes[name], f"node {node!r:.40} {name}")
     for name in ("loss_value_bytes", "fixed_bytes"):
         if name in graph.graph:
             _whole(graph.graph[name], f"graph.attributes.{name}")

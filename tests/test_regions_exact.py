@@ -136,7 +136,21 @@ def random_plans(menu, count: int, seed: int = 0):
         yield sorted(plan)
 
 
-@pytest.mark.parametrize("graph", [block_chain(blocks=5, ops=4, seed=3), dropout_blocks()], ids=["chain", "dropout"])
+# What torch.utils.checkpoint itself costs, as planner/checkpoint_clock.py annotates a graph with it
+# (solvers/regions.py checkpoint_overhead): a choice's cost then holds it, per region and per op.
+CLOCK_RATES = {"region_seconds": 0.25, "recomputed_op_seconds": 0.125,
+               "policy_region_seconds": {policy: 0.5 for policy in SAVE_POLICIES},
+               "policy_op_seconds": {policy: 0.0625 for policy in SAVE_POLICIES}}
+
+
+def with_clock(graph):
+    graph = graph.copy()
+    graph.graph["checkpoint_costs"] = CLOCK_RATES
+    return graph
+
+
+@pytest.mark.parametrize("graph", [block_chain(blocks=5, ops=4, seed=3), dropout_blocks(),
+                                   with_clock(dropout_blocks())], ids=["chain", "dropout", "dropout-clock"])
 def test_the_rows_are_the_simulated_peak_and_step_of_every_plan(graph):
     menu = build_menu(graph, policies=tuple(SAVE_POLICIES))
     rows = build_rows(graph, menu)
@@ -203,6 +217,15 @@ def test_equals_brute_force_on_hand_made_blocks():
     blocks = [f"layers.{b}" for b in range(4)]
     solved, beaten = check_against_brute_force(graph, blocks, {}, tuple(SAVE_POLICIES))
     assert solved >= 10 and beaten >= 1, (solved, beaten)
+
+
+def test_equals_brute_force_with_the_checkpoints_own_costs():
+    """Priced with what each checkpoint and each op under a policy costs (the clock), the best plan
+    can differ from the plain one: the exact method still equals brute force."""
+    graph = with_clock(dropout_blocks(blocks=4))
+    blocks = [f"layers.{b}" for b in range(4)]
+    solved, _ = check_against_brute_force(graph, blocks, {}, tuple(SAVE_POLICIES))
+    assert solved >= 10, solved
 
 
 def test_equals_brute_force_on_gpt2(gpt2_op_graph):

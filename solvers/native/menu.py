@@ -72,8 +72,8 @@ def build_menu(graph: nx.DiGraph, candidates: Sequence[str] | None = None, seque
     if model is not None:
         first: dict[tuple, str] = {}
         for choice in choices:
-            recomputed, backward, trigger, held = model.parts(choice)
-            first.setdefault((tuple(recomputed), tuple(backward), trigger, tuple(held)), choice)
+            recomputed, backward, trigger, held, overhead = model.parts(choice)
+            first.setdefault((tuple(recomputed), tuple(backward), trigger, tuple(held), overhead), choice)
         kept = set(first.values())
         choices = [c for c in choices if c in kept]
     by_module = ModuleNodes.of(graph)

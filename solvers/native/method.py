@@ -46,8 +46,8 @@ FIRST_SLICE = 2.0
 
 
 def _signature(model: RegionModel, region: str) -> tuple:
-    recomputed, backward, trigger, held = model.parts(region)
-    return tuple(recomputed), tuple(backward), trigger, tuple(held)
+    recomputed, backward, trigger, held, overhead = model.parts(region)
+    return tuple(recomputed), tuple(backward), trigger, tuple(held), overhead
 
 
 def _menu_indices(menu: Menu, regions: Sequence[str], model: RegionModel) -> set[int] | None:

@@ -163,15 +163,17 @@ def build_rows(graph: nx.DiGraph, menu: Menu, model: RegionModel | None = None) 
     :class:`RegionModel`, when the caller has one)."""
     model = model or RegionModel(graph)
     n = len(model.order)
-    parts = [model.parts(choice) for choice in menu.choices]  # (recomputed, backward, trigger, held)
+    parts = [model.parts(choice) for choice in menu.choices]  # (recomputed, backward, trigger, held, overhead)
     base_cost = model.peak_and_cost(())[1]
-    # What a choice adds to the step's time: its recomputed ops' seconds (region_costs' ``seconds``,
-    # what RegionModel and evaluate add to the step for it; tests/test_regions_exact.py checks the sum).
-    cost = np.array([float(sum(model.cost[w] for w in recomputed)) for recomputed, *_ in parts])
+    # What a choice adds to the step's time: its recomputed ops' seconds and what the checkpoint itself
+    # costs (region_costs' ``seconds``, what RegionModel and evaluate add to the step for it;
+    # tests/test_regions_exact.py checks the sum).
+    cost = np.array([float(sum(model.cost[w] for w in recomputed)) + float(overhead)
+                     for recomputed, _, _, _, overhead in parts])
 
     keys = [(i, BASE, 0, 0) for i in range(n)]
     slots: list[list[int]] = []
-    for c, (recomputed, _, trigger, _) in enumerate(parts):
+    for c, (recomputed, _, trigger, _, _) in enumerate(parts):
         active = trigger is not None and bool(recomputed)
         slots.append([len(keys) + k for k in range(len(recomputed))] if active else [])
         if active:
@@ -208,7 +210,7 @@ def build_rows(graph: nx.DiGraph, menu: Menu, model: RegionModel | None = None) 
     removes: dict[int, dict[int, set[int]]] = {}  # v -> choice -> trace readers it removes
     adds: dict[int, dict[int, int]] = {}  # v -> choice -> the latest axis event it adds a reader at
     twin_intervals: list[tuple[int, int, int, int]] = []
-    for c, (recomputed, backward, _trigger, held) in enumerate(parts):
+    for c, (recomputed, backward, _trigger, held, _) in enumerate(parts):
         inside = set(recomputed)
         backward_set = set(backward)
         for v in recomputed:
@@ -287,6 +289,6 @@ def build_rows(graph: nx.DiGraph, menu: Menu, model: RegionModel | None = None) 
         starts, stops, amounts, choice_of = (np.array(column, dtype=np.int64) for column in zip(*intervals))
     else:
         starts = stops = amounts = choice_of = np.zeros(0, dtype=np.int64)
-    trigger_at = np.array([at[trigger] if slot_at[c] else -1 for c, (_, _, trigger, _) in enumerate(parts)],
+    trigger_at = np.array([at[trigger] if slot_at[c] else -1 for c, (_, _, trigger, _, _) in enumerate(parts)],
                           dtype=np.int64)
     return PeakRows(menu, base_cost, cost, constant, owner, starts, stops, amounts, choice_of, shared, trigger_at, own)
