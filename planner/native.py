@@ -36,6 +36,7 @@ from solvers.regions import SAVE_POLICIES, RegionPlan, candidate_regions, plan_r
 from solvers.schedule import SolverInfo
 
 from .budget import Budget, format_bytes
+from .paired_timing import SLOW_FAST, disagreement, time_paired
 from .planfile import FORMAT as PLAN_FORMAT
 from .planfile import Plan, PlanFileError, PlanWarning, _list, _text, _whole, profile_fields
 
@@ -494,7 +495,8 @@ def plan_native(model: torch.nn.Module, example_inputs, budget: Budget, loss_fn=
                         unplanned.outcome.compute_cost, measured, solving)
     plan.distributed = describe_distributed(model, distributed)
     plan.wrapper_bytes = wrapper_bytes(model, distributed, solved.regions)
-    _check_times(plan)
+    if measure:
+        _check_times(plan, model, example_inputs, loss_fn)
     plan.input_shapes = input_shapes(*normalise_inputs(example_inputs))
     return plan
 
@@ -555,22 +557,24 @@ def _least_if_it_measures_within(profile, model, example_inputs, loss_fn, distri
     return None
 
 
-SLOW_FAST = 0.2  # a measured step this far from the predicted one is worth a warning
-
-
-def _check_times(plan: NativePlan) -> None:
-    """Warn when the measured step and the predicted one disagree by more than :data:`SLOW_FAST`:
-    the op times were measured under a different load (or the model does more than its trace),
-    so the plan's choice between equally small plans may not be the fastest."""
-    if plan.measured_seconds is None or plan.predicted_seconds <= 0:
+def _check_times(plan: NativePlan, model, example_inputs, loss_fn) -> None:
+    """Warn (:class:`PlanWarning`) when the plan's step, timed beside the un-checkpointed one, is
+    slower or faster against it than predicted by more than :data:`SLOW_FAST`, on a pairing that
+    can be trusted (planner/paired_timing.py). The pairing (three more steps) is timed only when the
+    plan's one measured step is that far from its predicted time: comparing those two alone cried
+    wolf whenever the machine's load changed between profiling and measuring."""
+    if not plan.regions or plan.measured_seconds is None or plan.predicted_seconds <= 0:
         return
-    ratio = plan.measured_seconds / plan.predicted_seconds
-    if abs(ratio - 1) > SLOW_FAST:
-        warnings.warn(
-            f"the measured step took {plan.measured_seconds * 1000:.0f} ms against {plan.predicted_seconds * 1000:.0f} ms "
-            f"predicted from the profiled op times ({ratio - 1:+.0%}): the machine's load changed between profiling "
-            "and measuring, or the step runs more than its trace; the plan fits its budget either way (its peak was "
-            "measured), but its time figures are unreliable", PlanWarning, stacklevel=3)
+    if abs(plan.measured_seconds / plan.predicted_seconds - 1) <= SLOW_FAST:
+        return
+
+    def step(regions):
+        return lambda: measure_native(model, regions, example_inputs, loss_fn, warm_up=False).seconds
+
+    message = disagreement(time_paired(step(()), step(plan.regions)), plan.predicted_seconds,
+                           plan.unplanned_seconds)
+    if message is not None:
+        warnings.warn(message, PlanWarning, stacklevel=5)  # the caller of planner.plan
 
 
 def _native_plan(model, profile, solved: RegionPlan, held: int, budget: Budget, budget_bytes: int,

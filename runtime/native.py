@@ -40,7 +40,9 @@ import torch.utils._pytree as pytree
 import torch.utils.checkpoint as torch_checkpoint
 
 from .module import PlanMismatch
+from .compile_notice import quiet_for_save_policies
 from .guards import fsdp2_sharded
+from .hf_cache import install_cache_off, remove_cache_off
 from .rnn import install_for_regions, remove_rnn_stages
 from .save_policies import SavePolicy
 
@@ -210,6 +212,8 @@ def apply_native(model: torch.nn.Module, regions, planned_shapes: dict | None = 
             raise PlanMismatch(f"the plan checkpoints children {span[0]}..{span[1] - 1} of {path or 'the model'!r}, "
                                f"which has {len(module)}: this plan was made for a different model")
         resolved.append((module, span, None if policy_name is None else SavePolicy(policy_name)))
+    if any(policy is not None for _, _, policy in resolved):
+        quiet_for_save_policies()  # dynamo's context_fn notice is about regions the user wrote
     segments: dict[int, tuple[torch.nn.Module, list]] = {}
     for module, span, policy in resolved:
         if span is None:
@@ -222,6 +226,7 @@ def apply_native(model: torch.nn.Module, regions, planned_shapes: dict | None = 
     inside += [child for m, span, _ in resolved if span is not None for child in list(m)[span[0]:span[1]]]
     for norm in _batch_norms(inside):
         norm.__dict__["forward"] = RecomputedBatchNorm(norm)
+    install_cache_off(model)  # a Hugging Face decoder's cache off in training, as HF checkpointing does
     if planned_shapes:
         model.__dict__[_GUARD] = ShapeGuard(tuple((k, tuple(v)) for k, v in planned_shapes.items()))
         model.register_forward_pre_hook(_check_shapes, with_kwargs=True)
@@ -254,6 +259,7 @@ def remove_native(model: torch.nn.Module) -> torch.nn.Module:
         if isinstance(module.__dict__.get("forward"), (CheckpointedForward, SegmentedForward, RecomputedBatchNorm)):
             del module.__dict__["forward"]
     remove_rnn_stages(model)
+    remove_cache_off(model)
     # No handle is kept (a RemovableHandle holds a weak reference: torch.save of the model would fail).
     for key, hook in list(model._forward_pre_hooks.items()):
         if hook is _check_shapes:
