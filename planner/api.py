@@ -9,6 +9,7 @@ import torch
 
 import profiler
 import runtime
+from runtime.hf_cache import cache_off_while_planning
 from runtime.rnn import staged_for_trace
 from profiler.api import parse_granularity
 from profiler.state import cuda_devices
@@ -103,10 +104,12 @@ def plan(
     if distributed_problem(distributed):
         raise SolverError(distributed_problem(distributed) + " (docs/native.md, 'Several processes')")
     if compile:
-        return _plan_compiled(model, example_inputs, parsed, solver, executor, loss_fn, time_limit, granularity,
-                              profile, distributed)
+        with cache_off_while_planning(model):  # the training step as it runs planned (runtime/hf_cache.py)
+            return _plan_compiled(model, example_inputs, parsed, solver, executor, loss_fn, time_limit, granularity,
+                                  profile, distributed)
     if executor == "native":
-        return _plan_native(model, example_inputs, parsed, loss_fn, time_limit, granularity, profile, distributed)
+        with cache_off_while_planning(model):
+            return _plan_native(model, example_inputs, parsed, loss_fn, time_limit, granularity, profile, distributed)
     if distributed is not None:
         raise SolverError("distributed= is accounted for by native plans only: use executor='native' (the default)")
     if profile is None:
@@ -232,7 +235,7 @@ def profile_for(model: torch.nn.Module, example_inputs, loss_fn: Callable | None
     native = _executor(executor, solver) == "native"
     if not native:
         return profiler.profile(model, example_inputs, loss_fn=loss_fn, granularity=granularity, fuse_loss=True)
-    with staged_for_trace(model):  # as plan_native traces: a stacked RNN's layers as modules
+    with staged_for_trace(model), cache_off_while_planning(model):  # as plan() traces a native plan's step
         return profiler.profile(model, example_inputs, loss_fn=loss_fn, granularity=granularity, fuse_loss=False)
 
 
