@@ -21,10 +21,11 @@ from .fallback import FallbackWarning, ModuleChainPlan, measure_planned_step, pl
 from .footprint import held_besides_schedule
 from .granularity import noted, solve_over_groupings
 from .native import NativePlan, distributed_problem, plan_native
+from .attached import NoPlan, plan_of
 from .planfile import Plan, load, profile_fields
 
-__all__ = ["BudgetInfeasible", "EXECUTORS", "profile_for", "FallbackWarning", "NativePlan", "SolverError", "Plan", "apply", "checkpoint",
-           "load", "plan", "plan_from_profile", "plan_untraceable"]
+__all__ = ["BudgetInfeasible", "EXECUTORS", "profile_for", "FallbackWarning", "NativePlan", "NoPlan", "SolverError", "Plan",
+           "apply", "checkpoint", "load", "plan", "plan_of", "plan_from_profile", "plan_untraceable"]
 
 # native: torch.utils.checkpoint on the model's own modules (the default); traced: the profiled
 # graph's schedule replayed by runtime/module.py (any schedule, any solver).

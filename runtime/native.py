@@ -48,6 +48,7 @@ from .save_policies import SavePolicy
 
 _SEGMENT = re.compile(r"^(?P<path>.*)\[(?P<start>\d+):(?P<stop>\d+)\]$")
 _GUARD = "_native_shape_guard"
+PLAN_ATTRIBUTE = "_native_plan"  # the plan apply_native_plan applied (planner.plan_of reads it)
 
 
 class ShapeTooLarge(PlanMismatch):
@@ -249,7 +250,9 @@ def apply_native_plan(model: torch.nn.Module, plan) -> torch.nn.Module:
         raise PlanMismatch(
             f"this plan was made for a different model ({plan.model or 'unknown class'}; this is "
             f"{type(model).__name__}, or its parameters or buffers differ in names, shapes or dtypes): make a new plan")
-    return apply_native(model, plan.regions, plan.input_shapes)
+    apply_native(model, plan.regions, plan.input_shapes)
+    model.__dict__[PLAN_ATTRIBUTE] = plan
+    return model
 
 
 def remove_native(model: torch.nn.Module) -> torch.nn.Module:
@@ -266,6 +269,7 @@ def remove_native(model: torch.nn.Module) -> torch.nn.Module:
             del model._forward_pre_hooks[key]
             model._forward_pre_hooks_with_kwargs.pop(key, None)
     model.__dict__.pop(_GUARD, None)
+    model.__dict__.pop(PLAN_ATTRIBUTE, None)
     return model
 
 
@@ -322,5 +326,5 @@ def _check_shapes(module: torch.nn.Module, args: tuple, kwargs: dict):
     return None
 
 
-__all__ = ["CheckpointedForward", "SegmentedForward", "ShapeGuard", "ShapeTooLarge", "apply_native", "apply_native_plan",
+__all__ = ["PLAN_ATTRIBUTE", "CheckpointedForward", "SegmentedForward", "ShapeGuard", "ShapeTooLarge", "apply_native", "apply_native_plan",
            "input_shapes", "native_regions", "parse_region", "remove_native"]
