@@ -32,7 +32,7 @@ from runtime.chain import module_fingerprint
 from runtime.native import apply_native, input_shapes, parse_region, remove_native
 from runtime.rnn import staged_for_trace
 from solvers import Infeasible
-from solvers.regions import SAVE_POLICIES, RegionPlan, candidate_regions, plan_regions, region_costs
+from solvers.regions import SAVE_POLICIES, RegionPlan, candidate_regions, plan_regions, region_costs, twin
 from solvers.schedule import SolverInfo
 
 from .budget import Budget, format_bytes
@@ -64,6 +64,12 @@ class NativePlan(Plan):
     @property
     def executor(self) -> str:
         return "native"
+
+    def recomputed(self) -> dict[str, int]:
+        """Op -> 1 for each op a checkpoint recomputes: the region graph holds a recomputation as a twin
+        node of its own (solvers/regions.py, ``twin``), computed once, so the schedule's counts show none."""
+        prefix = twin("")
+        return {str(node)[len(prefix):]: 1 for node in self.graph.nodes if str(node).startswith(prefix)}
 
     def summary(self) -> str:
         saving = 1 - self.predicted_peak_bytes / self.unplanned_peak_bytes if self.unplanned_peak_bytes else 0.0
@@ -371,8 +377,7 @@ def solve_native(profile: profiler.Profile, model: torch.nn.Module, budget_bytes
 
     for _ in range(3):  # the RNG states (and FSDP2's gathered units) depend on the regions: settle them
         if activation_budget < 0:
-            raise Infeasible("the parameters, buffers and inputs alone exceed the budget", min_budget=None,
-                             method=METHOD)
+            raise _least_below_fixed(graph, candidates, sequentials, time_limit, held_beside, policies)
         try:
             plan = plan_regions(graph, activation_budget, candidates, sequentials, time_limit=time_limit,
                                 policies=policies)
@@ -385,6 +390,17 @@ def solve_native(profile: profiler.Profile, model: torch.nn.Module, budget_bytes
         activation_budget = budget_bytes - held
     raise Infeasible("no set of checkpointed modules fits with the generator states it saves", min_budget=None,
                      method=METHOD)
+
+
+def _least_below_fixed(graph, candidates, sequentials, time_limit, held_beside, policies: Sequence[str]) -> Infeasible:
+    """A budget below the parameters, buffers and inputs: the refusal still names the least budget,
+    the least plan's whole step (what the search reaches when asked for no activations at all)."""
+    try:
+        least = plan_regions(graph, 0, candidates, sequentials, time_limit=time_limit, policies=policies)
+    except Infeasible as error:
+        return _whole_step_least(error, graph, candidates, sequentials, time_limit, held_beside, policies)
+    return Infeasible("the parameters, buffers and inputs alone exceed the budget",
+                      min_budget=held_beside(least.regions) + least.outcome.peak_bytes, method=METHOD)
 
 
 def _whole_step_least(error: Infeasible, graph, candidates, sequentials, time_limit, held_beside,
