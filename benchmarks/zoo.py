@@ -22,6 +22,7 @@ by default, all of them with ``-m zoo``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import time
@@ -38,6 +39,7 @@ if ROOT not in sys.path:
 
 import planner
 import profiler
+from runtime.hf_cache import cache_off_while_planning  # noqa: E402
 from benchmarks.zoo_models import (  # noqa: E402
     _BERT_LIKE, _causal_lm, _clip, _control_flow, _image_classifier, _llama_like, _masked_lm, _moe, _recurrent,
     _seq2seq, _torch_vit, _transformer_encoder, _unet, _whisper,
@@ -353,7 +355,12 @@ def run_case(case: Case, budgets=BUDGETS, executor: str = "traced") -> list[Row]
     started = time.perf_counter()
     model, inputs, loss_fn = case.build()
     model.train()
-    reference = training_step(model, inputs, loss_fn)
+    # A native plan trains a Hugging Face decoder with its cache off, as gradient_checkpointing_enable()
+    # does (runtime/hf_cache.py): the reference is that step (with the cache on, its attention's
+    # keys and values go through the cache's concatenation: gradients differ by rounding, 1.5e-8 on gpt2).
+    without_cache = cache_off_while_planning(model) if executor == "native" else contextlib.nullcontext()
+    with without_cache:
+        reference = training_step(model, inputs, loss_fn)
     profile = _profile(case, model, inputs, loss_fn, executor)
     rows = []
     declared = dict(case.native_infeasible if executor == "native" else case.infeasible)
@@ -368,7 +375,8 @@ def run_case(case: Case, budgets=BUDGETS, executor: str = "traced") -> list[Row]
                 refusal = ("", int(getattr(error, "min_budget", 0) or 0))
             row = _infeasible_row(case, budget, profile is not None, *refusal, time.perf_counter() - started, executor)
             if executor == "native":  # the base of "N%", as the planner measured it: the least as a share of it
-                row.unplanned_bytes = profiler.measure_step(model, inputs, loss_fn=loss_fn, repeats=1).peak_bytes
+                with cache_off_while_planning(model):
+                    row.unplanned_bytes = profiler.measure_step(model, inputs, loss_fn=loss_fn, repeats=1).peak_bytes
             rows.append(row)
             started = time.perf_counter()
             continue
