@@ -21,7 +21,7 @@ from .fallback import FallbackWarning, ModuleChainPlan, measure_planned_step, pl
 from .footprint import held_besides_schedule
 from .granularity import noted, solve_over_groupings
 from .native import NativePlan, distributed_problem, plan_native
-from .attached import NoPlan, plan_of
+from .attached import NoPlan, attach, plan_of
 from .planfile import Plan, load, profile_fields
 
 __all__ = ["BudgetInfeasible", "EXECUTORS", "profile_for", "FallbackWarning", "NativePlan", "NoPlan", "SolverError", "Plan",
@@ -353,7 +353,7 @@ def apply(model: torch.nn.Module, plan: Plan, compile: bool = False) -> torch.nn
     object (runtime/native.py); :func:`runtime.native.remove_native` undoes it. A traced plan returns
     a module sharing ``model``'s parameters whose training step replays the schedule (runtime.apply;
     ``compile=True`` runs it as two inductor-compiled graphs, one per side of the loss); a fallback
-    plan checkpoints its blocks (runtime.apply_module_chain)."""
+    plan checkpoints its blocks (runtime.apply_module_chain). :func:`plan_of` gives the plan back."""
     if not isinstance(plan, Plan):
         raise TypeError(f"apply() takes a planner.Plan (from plan() or load()), got {type(plan).__name__}")
     if isinstance(plan, NativePlan):
@@ -362,7 +362,7 @@ def apply(model: torch.nn.Module, plan: Plan, compile: bool = False) -> torch.nn
                 "compile=True compiles a traced plan's schedule; a native plan runs the model's own forward with "
                 "torch.utils.checkpoint, which torch.compile honours: call torch.compile(model) after apply() (and plan with "
                 "compile=True to price the plan on the compiled step)")
-        return runtime.apply_native_plan(model, plan)
+        return attach(runtime.apply_native_plan(model, plan), plan)
     if isinstance(plan, ModuleChainPlan):
         if compile:
             raise ValueError(

@@ -48,7 +48,7 @@ from .save_policies import SavePolicy
 
 _SEGMENT = re.compile(r"^(?P<path>.*)\[(?P<start>\d+):(?P<stop>\d+)\]$")
 _GUARD = "_native_shape_guard"
-PLAN_ATTRIBUTE = "_native_plan"  # the plan apply_native_plan applied (planner.plan_of reads it)
+PLAN_ATTRIBUTE = "_native_plan"  # the plan planner.apply applied (planner/attached.py); removed with the regions
 
 
 class ShapeTooLarge(PlanMismatch):
@@ -250,9 +250,7 @@ def apply_native_plan(model: torch.nn.Module, plan) -> torch.nn.Module:
         raise PlanMismatch(
             f"this plan was made for a different model ({plan.model or 'unknown class'}; this is "
             f"{type(model).__name__}, or its parameters or buffers differ in names, shapes or dtypes): make a new plan")
-    apply_native(model, plan.regions, plan.input_shapes)
-    model.__dict__[PLAN_ATTRIBUTE] = plan
-    return model
+    return apply_native(model, plan.regions, plan.input_shapes)
 
 
 def remove_native(model: torch.nn.Module) -> torch.nn.Module:
