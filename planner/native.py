@@ -490,6 +490,15 @@ def plan_native(model: torch.nn.Module, example_inputs, budget: Budget, loss_fn=
             if least is not None:
                 solved, held, measured = least
                 break
+            if measure and measured is None:
+                # The least plan can be predicted above the eager step as it measures (a stacked LSTM
+                # without inter-layer dropout: least 5,851,200 B, eager 5,785,664 B): the eager step
+                # is a plan too, and the least budget is never above it.
+                eager = _eager_timed(model, example_inputs, loss_fn, extra, eager, warm_up=not warm)
+                if eager.peak_bytes <= budget_bytes:
+                    solved, held, measured = evaluate(op_graph, ()), fixed, eager
+                    break
+                minimum = eager.peak_bytes if minimum is None else min(minimum, eager.peak_bytes)
             if measured is not None:  # a repair asked for less than the budget: the least is not the user's
                 raise Infeasible(_measured_over(budget, budget_bytes, measured.peak_bytes, target),
                                  min_budget=measured.peak_bytes, method=METHOD) from None
@@ -515,6 +524,15 @@ def plan_native(model: torch.nn.Module, example_inputs, budget: Budget, loss_fn=
         _check_times(plan, model, example_inputs, loss_fn)
     plan.input_shapes = input_shapes(*normalise_inputs(example_inputs))
     return plan
+
+
+def _eager_timed(model, example_inputs, loss_fn, extra: int, eager, warm_up: bool):
+    """The un-checkpointed step measured and timed (``eager`` again when it was timed already), its
+    peak with the wrapper's ``extra`` bytes."""
+    if eager is not None and eager.runs > 0:
+        return eager
+    timed = measure_native(model, (), example_inputs, loss_fn, warm_up=warm_up)
+    return replace(timed, peak_bytes=timed.peak_bytes + extra)
 
 
 def _measured_over(budget: Budget, budget_bytes: int, measured_bytes: int, target: int) -> str:
