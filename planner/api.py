@@ -22,6 +22,7 @@ from .footprint import held_besides_schedule
 from .granularity import noted, solve_over_groupings
 from .native import NativePlan, distributed_problem, plan_native
 from .attached import NoPlan, attach, plan_of
+from .autocast import planning_under
 from .planfile import Plan, load, profile_fields
 
 __all__ = ["BudgetInfeasible", "EXECUTORS", "profile_for", "FallbackWarning", "NativePlan", "NoPlan", "SolverError", "Plan",
@@ -55,6 +56,7 @@ def plan(
     executor: str | None = None,
     distributed: str | None = None,
     compile: bool = False,
+    autocast=None,
 ) -> Plan:
     """Profile ``model``'s training step on ``example_inputs`` and solve for ``budget``.
 
@@ -93,6 +95,12 @@ def plan(
     compiled un-checkpointed step's measured peak. It calls ``torch._dynamo.reset()`` before each
     compile. ``BudgetInfeasible.min_budget`` is then the least compiled peak measured.
 
+    ``autocast`` (``torch.bfloat16``, ``"bf16"``, ``"cuda:float16"``...): plan the step as it will
+    run under ``torch.autocast`` on the model's device (planner/autocast.py); a plan made inside a
+    ``with torch.autocast(...)`` block is planned under it without asking. The plan records it
+    (``Plan.autocast``, in its summary), and a native plan warns once when its training step runs
+    under another (runtime/autocast_check.py).
+
     A model whose forward the tracer cannot follow (Python control flow on tensor values) gets a
     :class:`planner.fallback.ModuleChainPlan` instead, with a :class:`FallbackWarning`: whole blocks
     checkpointed with torch.utils.checkpoint, its figures measured (see :func:`plan_untraceable`).
@@ -102,6 +110,14 @@ def plan(
                         "a profile alone use planner.plan_from_profile(profile, budget)")
     parsed = parse_budget(budget)
     executor = _executor(executor, solver)
+    if autocast is not None:
+        try:
+            under = planning_under(model, autocast)
+        except ValueError as error:
+            raise SolverError(str(error)) from None
+        with under:
+            return plan(model, example_inputs, budget, solver, loss_fn, time_limit, granularity, profile, executor,
+                        distributed, compile)
     if distributed_problem(distributed):
         raise SolverError(distributed_problem(distributed) + " (docs/native.md, 'Several processes')")
     if compile:

@@ -35,6 +35,7 @@ from solvers import Infeasible
 from solvers.regions import SAVE_POLICIES, RegionPlan, candidate_regions, plan_regions, region_costs, twin
 from solvers.schedule import SolverInfo
 
+from .autocast import describe as describe_autocast
 from .budget import Budget, format_bytes
 from .paired_timing import SLOW_FAST, disagreement, time_paired
 from .planfile import FORMAT as PLAN_FORMAT
@@ -88,6 +89,7 @@ class NativePlan(Plan):
                          "against the unwrapped step, in the budget, the prediction and the measured peak")
         if self.measured_peak_bytes is not None:
             lines.append(f"Measured peak:     {format_bytes(self.measured_peak_bytes)} (one step on the example inputs)")
+        lines.append(f"Autocast:          {describe_autocast(self.autocast)}")
         lines += [
             f"Predicted time:    {self.predicted_seconds * 1000:.1f} ms of compute per step, "
             f"{self.predicted_overhead:+.1%} over no checkpointing",

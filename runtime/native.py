@@ -40,6 +40,7 @@ import torch.utils._pytree as pytree
 import torch.utils.checkpoint as torch_checkpoint
 
 from .module import PlanMismatch
+from .autocast_check import install_autocast_check, remove_autocast_check
 from .compile_notice import quiet_for_save_policies
 from .guards import fsdp2_sharded
 from .hf_cache import install_cache_off, remove_cache_off
@@ -250,7 +251,19 @@ def apply_native_plan(model: torch.nn.Module, plan) -> torch.nn.Module:
         raise PlanMismatch(
             f"this plan was made for a different model ({plan.model or 'unknown class'}; this is "
             f"{type(model).__name__}, or its parameters or buffers differ in names, shapes or dtypes): make a new plan")
-    return apply_native(model, plan.regions, plan.input_shapes)
+    apply_native(model, plan.regions, plan.input_shapes)
+    install_autocast_check(model, getattr(plan, "autocast", ""), _figures(plan))
+    return model
+
+
+def _figures(plan) -> str:
+    """The plan's budget and peaks, in MiB, for the autocast check's warning."""
+    def mib(n) -> str:
+        return f"{n / 2**20:.2f} MiB"
+
+    measured = getattr(plan, "measured_peak_bytes", None)
+    return (f"budget {mib(plan.budget_bytes)}, predicted peak {mib(plan.predicted_peak_bytes)}"
+            + (f", measured {mib(measured)} while planning" if measured is not None else ""))
 
 
 def remove_native(model: torch.nn.Module) -> torch.nn.Module:
@@ -261,6 +274,7 @@ def remove_native(model: torch.nn.Module) -> torch.nn.Module:
             del module.__dict__["forward"]
     remove_rnn_stages(model)
     remove_cache_off(model)
+    remove_autocast_check(model)
     # No handle is kept (a RemovableHandle holds a weak reference: torch.save of the model would fail).
     for key, hook in list(model._forward_pre_hooks.items()):
         if hook is _check_shapes:
