@@ -20,6 +20,12 @@ picklable and deep-copyable) that calls the class's own ``forward`` through ``ch
 Sequential with segment regions gets a :class:`SegmentedForward` that runs its children in order,
 each segment as one checkpoint. :func:`remove_native` deletes them.
 
+Besides the regions, :func:`apply_native_plan` adds two forward pre-hooks on the model, both
+removed by :func:`remove_native`: the plan's autocast checked at each training call
+(runtime/autocast_check.py: a mismatch warns once), and for a Hugging Face model with its config's
+``use_cache`` on, ``use_cache=False`` in training calls, as ``gradient_checkpointing_enable()`` does
+(runtime/hf_cache.py; :func:`apply_native` adds this one too).
+
 Checkpointing applies whenever autograd records (``torch.is_grad_enabled()``); under ``no_grad`` the
 forward runs as it is.
 
