@@ -158,7 +158,7 @@ CASES = [
     Case("llama", "decoder", _llama_like("LlamaConfig")),
     Case("mistral", "decoder", _llama_like("MistralConfig")),
     Case("qwen2", "decoder", _llama_like("Qwen2Config")),
-    Case("gemma", "decoder", _llama_like("GemmaConfig", head_dim=8), native_infeasible=_refused(_CACHE, "50%", "75%")),
+    Case("gemma", "decoder", _llama_like("GemmaConfig", head_dim=8)),
     Case("llama-no-cache", "decoder", _llama_like("LlamaConfig", use_cache=False),
          note="use_cache=False, as Hugging Face's gradient_checkpointing_enable() sets it for training"),
     Case("phi", "decoder", _causal_lm("PhiConfig", hidden_size=32, intermediate_size=64, num_hidden_layers=4,
