@@ -175,11 +175,12 @@ CASES = [
                                       eos_token_id=0)),
     Case("bloom", "decoder", _causal_lm("BloomConfig", hidden_size=32, n_layer=4, n_head=4, hidden_dropout=0.1,
                                         attention_dropout=0.1, pad_token_id=0, bos_token_id=0, eos_token_id=0),
-         native_infeasible=_refused(_CACHE, "50%", "75%")),
+         native_infeasible=_refused("with the cache off in training the least set of regions reaches 56.5% of eager "
+                                    "(3,726,216 B against 6,598,036 B, measured 2026-11-27); which tensors hold it "
+                                    "was not investigated", "50%")),
     Case("falcon", "decoder", _causal_lm("FalconConfig", hidden_size=32, num_hidden_layers=4, num_attention_heads=4,
                                          hidden_dropout=0.1, attention_dropout=0.1, pad_token_id=0, bos_token_id=0,
-                                         eos_token_id=0),
-         native_infeasible=_refused(_CACHE, "50%", "75%")),
+                                         eos_token_id=0)),
     # encoders (masked LMs with labels)
     Case("bert", "encoder", _masked_lm("BertConfig", **_BERT_LIKE)),
     Case("roberta", "encoder", _masked_lm("RobertaConfig", **{**_BERT_LIKE, "max_position_embeddings": 130})),
