@@ -120,10 +120,9 @@ class Row:
 # Why the native executor refuses a budget (measured: docs/zoo.md). A native region is a module
 # whose call the checkpoint recomputes; runtime/native.py and solvers/regions.py leave out modules
 # that compute a model output or are called more than once.
-_CACHE = ("use_cache on (the default config): each attention block returns its keys and values in the model's cache, "
-          "a model output, so no attention block or decoder layer is a candidate region (recomputing one would "
-          "update the cache again); only MLPs, norms and projections are. With use_cache=False, 50% plans "
-          "(llama-no-cache)")
+# Decoders at their default config (use_cache on) are planned with the cache off in training, as
+# gradient_checkpointing_enable() trains them (runtime/hf_cache.py); before, their attention blocks
+# returned the cache as model outputs and no attention block was a candidate region.
 
 
 # Measured by following the allocator's events step by step of a traced plan (docs/zoo.md).
