@@ -7,8 +7,8 @@ the cache off by itself whenever autograd records in training (``transformers.ut
 "`use_cache=True` is incompatible with gradient checkpointing. Setting `use_cache=False`.") and
 leaves it on under ``no_grad`` and in eval mode (``generate``). A native plan does the same:
 
-- planning (:func:`cache_off_while_planning`) traces and measures the training step with
-  ``config.use_cache`` False, and restores the config after;
+- planning (:func:`cache_off_while_planning`) traces and measures the training step called with
+  ``use_cache=False``, as it will run;
 - :func:`install_cache_off` (runtime/native.py's ``apply_native``) registers a forward pre-hook
   on the model that passes ``use_cache=False`` to a training call that records autograd, with a
   one-line :class:`CacheOffInTraining` notice (Python shows it once per process), and changes
@@ -53,19 +53,41 @@ def caches_in_training(model: torch.nn.Module) -> bool:
     return bool(getattr(config, "use_cache", False)) and _use_cache_index(model) is not None
 
 
+def _without_cache(model: torch.nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """``(args, kwargs)`` with ``use_cache`` False, where the class forward takes it."""
+    index = _use_cache_index(model)
+    if index is not None and index < len(args):
+        return (*args[:index], False, *args[index + 1:]), kwargs
+    return args, {**kwargs, "use_cache": False}
+
+
+class _ForwardWithoutCache:
+    """The class forward called with ``use_cache=False``: the model's instance ``forward`` while it
+    is planned (the profiler traces ``model.forward``, not ``model(...)``: hooks do not run there)."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.model = model
+
+    def __call__(self, *args, **kwargs):
+        args, kwargs = _without_cache(self.model, args, kwargs)
+        return type(self.model).forward(self.model, *args, **kwargs)
+
+
 @contextlib.contextmanager
 def cache_off_while_planning(model: torch.nn.Module):
-    """``model.config.use_cache`` False inside the block (the step a plan is traced and measured
-    on is the training step as it will run), restored after."""
-    if not caches_in_training(model):
+    """Inside the block, ``model.forward`` (and so ``model(...)``) passes ``use_cache=False``: the step
+    a plan is traced and measured on is the training step as it will run. The same argument as the
+    run's hook, not ``config.use_cache = False``: the config does not reach every submodule (T5's
+    decoder holds a copy of it), and the two paths differ in rounding (1.6e-8 in T5's gradients)."""
+    if not caches_in_training(model) or "forward" in model.__dict__:
         yield model
         return
-    config = model.config
-    config.use_cache = False
+    model.__dict__["forward"] = _ForwardWithoutCache(model)
     try:
         yield model
     finally:
-        config.use_cache = True
+        if isinstance(model.__dict__.get("forward"), _ForwardWithoutCache):
+            del model.__dict__["forward"]
 
 
 # Run eagerly under torch.compile (as runtime/native.py's shape check): one graph break before the
@@ -75,6 +97,8 @@ def _cache_off_in_training(module: torch.nn.Module, args: tuple, kwargs: dict):
     """The forward pre-hook: ``use_cache=False`` for a training call that records autograd."""
     if not (module.training and torch.is_grad_enabled()):
         return None
+    if isinstance(module.__dict__.get("forward"), _ForwardWithoutCache):
+        return None  # being planned: the planning forward passes it (no notice for the planner's own steps)
     index = _use_cache_index(module)
     if index is None:
         return None
@@ -87,9 +111,7 @@ def _cache_off_in_training(module: torch.nn.Module, args: tuple, kwargs: dict):
     if not asked:
         return None
     _notice()
-    if index < len(args):
-        return (*args[:index], False, *args[index + 1:]), kwargs
-    return args, {**kwargs, "use_cache": False}
+    return _without_cache(module, args, kwargs)
 
 
 def _notice() -> None:
