@@ -176,7 +176,9 @@ CASES = [
                                         attention_dropout=0.1, pad_token_id=0, bos_token_id=0, eos_token_id=0),
          native_infeasible=_refused("with the cache off in training the least set of regions reaches 56.5% of eager "
                                     "(3,726,216 B against 6,598,036 B, measured 2026-11-27); which tensors hold it "
-                                    "was not investigated", "50%")),
+                                    "was not investigated", "50%"),
+         native_xfail=("75% with the cache off in training: predicted 4,868,040 B, measured 3,408,584 B (+42.8%, "
+                       "over, so within the budget; 2026-11-27); not investigated"), native_xfail_strict=False),
     Case("falcon", "decoder", _causal_lm("FalconConfig", hidden_size=32, num_hidden_layers=4, num_attention_heads=4,
                                          hidden_dropout=0.1, attention_dropout=0.1, pad_token_id=0, bos_token_id=0,
                                          eos_token_id=0)),
@@ -198,18 +200,13 @@ CASES = [
     # encoder-decoders
     Case("t5", "encoder-decoder", _seq2seq("T5Config", d_model=32, d_kv=8, d_ff=256, num_layers=4, num_heads=4,
                                            dropout_rate=0.1, decoder_start_token_id=0, pad_token_id=0),
-         note="labels: decoder inputs made by shifting them (a lifted constant)",
-         native_infeasible=_refused("use_cache on (the default config): the decoder's attention blocks return the "
-                                    "cache and are not candidate regions (nor the decoder blocks); the encoder's "
-                                    "blocks and the decoder's feed-forward layers reach 51%", "50%")),
+         note="labels: decoder inputs made by shifting them (a lifted constant)"),
     Case("bart", "encoder-decoder", _seq2seq("BartConfig", d_model=32, encoder_layers=4, decoder_layers=4,
                                              encoder_attention_heads=4, decoder_attention_heads=4,
                                              encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=128,
                                              dropout=0.1, attention_dropout=0.1, pad_token_id=0, bos_token_id=0,
                                              eos_token_id=0, decoder_start_token_id=0)),
-    Case("whisper", "speech", _whisper,
-         native_infeasible=_refused("use_cache on (the default config): the decoder's attention blocks return the "
-                                    "cache and are not candidate regions; the rest reaches 52%", "50%")),
+    Case("whisper", "speech", _whisper),
     # vision
     Case("vit", "vision", _image_classifier("ViTConfig", hidden_size=32, num_hidden_layers=4, num_attention_heads=4,
                                             intermediate_size=64, image_size=32, patch_size=4,

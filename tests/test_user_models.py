@@ -68,7 +68,10 @@ def _without_cache(build):
     return built
 
 
-@pytest.mark.parametrize("build, vocab", [(_gpt2_default, 256), (_llama_default, 128)], ids=["gpt2", "llama"])
+# Llama under -m slow: the gpt2 case covers the same path (the zoo plans every decoder at its defaults).
+@pytest.mark.parametrize("build, vocab", [(_gpt2_default, 256),
+                                          pytest.param(_llama_default, 128, marks=pytest.mark.slow)],
+                         ids=["gpt2", "llama"])
 def test_a_decoder_at_its_default_config_plans_at_half_and_three_quarters(build, vocab):
     """Refused before at 50% (gpt2) and 75% (9 of 10 zoo decoders): its attention blocks returned
     their keys and values as model outputs. Planned, the training step runs without the cache (one
