@@ -22,6 +22,7 @@ by default, all of them with ``-m zoo``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import time
@@ -38,6 +39,7 @@ if ROOT not in sys.path:
 
 import planner
 import profiler
+from runtime.hf_cache import cache_off_while_planning  # noqa: E402
 from benchmarks.zoo_models import (  # noqa: E402
     _BERT_LIKE, _causal_lm, _clip, _control_flow, _image_classifier, _llama_like, _masked_lm, _moe, _recurrent,
     _seq2seq, _sparse_moe, _torch_vit, _transformer_encoder, _unet, _whisper,
@@ -121,10 +123,9 @@ class Row:
 # Why the native executor refuses a budget (measured: docs/zoo.md). A native region is a module
 # whose call the checkpoint recomputes; runtime/native.py and solvers/regions.py leave out modules
 # that compute a model output or are called more than once.
-_CACHE = ("use_cache on (the default config): each attention block returns its keys and values in the model's cache, "
-          "a model output, so no attention block or decoder layer is a candidate region (recomputing one would "
-          "update the cache again); only MLPs, norms and projections are. With use_cache=False, 50% plans "
-          "(llama-no-cache)")
+# Decoders at their default config (use_cache on) are planned with the cache off in training, as
+# gradient_checkpointing_enable() trains them (runtime/hf_cache.py); before, their attention blocks
+# returned the cache as model outputs and no attention block was a candidate region.
 
 
 # Measured by following the allocator's events step by step of a traced plan (docs/zoo.md).
@@ -155,35 +156,35 @@ CASES = [
     # decoders (causal LMs with labels)
     Case("gpt2", "decoder", _causal_lm("GPT2Config", n_layer=4, n_embd=32, n_head=4, n_positions=128,
                                        bos_token_id=0, eos_token_id=0), fast=True, fast_native=True,
-         note="default config's features: use_cache on, dropouts 0.1", native_infeasible=_refused(_CACHE, "50%")),
-    Case("llama", "decoder", _llama_like("LlamaConfig"), native_infeasible=_refused(_CACHE, "50%", "75%")),
-    Case("mistral", "decoder", _llama_like("MistralConfig"), native_infeasible=_refused(_CACHE, "50%", "75%")),
-    Case("qwen2", "decoder", _llama_like("Qwen2Config"), native_infeasible=_refused(_CACHE, "50%", "75%")),
-    Case("gemma", "decoder", _llama_like("GemmaConfig", head_dim=8), native_infeasible=_refused(_CACHE, "50%", "75%")),
+         note="default config's features: use_cache on (off in training, as planned: runtime/hf_cache.py), dropouts 0.1"),
+    Case("llama", "decoder", _llama_like("LlamaConfig")),
+    Case("mistral", "decoder", _llama_like("MistralConfig")),
+    Case("qwen2", "decoder", _llama_like("Qwen2Config")),
+    Case("gemma", "decoder", _llama_like("GemmaConfig", head_dim=8)),
     Case("llama-no-cache", "decoder", _llama_like("LlamaConfig", use_cache=False),
          note="use_cache=False, as Hugging Face's gradient_checkpointing_enable() sets it for training"),
     Case("phi", "decoder", _causal_lm("PhiConfig", hidden_size=32, intermediate_size=64, num_hidden_layers=4,
                                       num_attention_heads=4, max_position_embeddings=128, resid_pdrop=0.1,
                                       embd_pdrop=0.1, attention_dropout=0.1, pad_token_id=0, bos_token_id=0,
-                                      eos_token_id=0),
-         native_infeasible=_refused(_CACHE, "50%", "75%")),
+                                      eos_token_id=0)),
     Case("gpt-neox", "decoder", _causal_lm("GPTNeoXConfig", hidden_size=32, intermediate_size=64,
                                            num_hidden_layers=4, num_attention_heads=4, max_position_embeddings=128,
                                            hidden_dropout=0.1, attention_dropout=0.1, pad_token_id=0,
-                                           bos_token_id=0, eos_token_id=0),
-         native_infeasible=_refused(_CACHE, "50%", "75%")),
+                                           bos_token_id=0, eos_token_id=0)),
     Case("opt", "decoder", _causal_lm("OPTConfig", hidden_size=32, ffn_dim=64, num_hidden_layers=4,
                                       num_attention_heads=4, max_position_embeddings=128, word_embed_proj_dim=32,
                                       dropout=0.1, attention_dropout=0.1, pad_token_id=0, bos_token_id=0,
-                                      eos_token_id=0),
-         native_infeasible=_refused(_CACHE, "50%", "75%")),
+                                      eos_token_id=0)),
     Case("bloom", "decoder", _causal_lm("BloomConfig", hidden_size=32, n_layer=4, n_head=4, hidden_dropout=0.1,
                                         attention_dropout=0.1, pad_token_id=0, bos_token_id=0, eos_token_id=0),
-         native_infeasible=_refused(_CACHE, "50%", "75%")),
+         native_infeasible=_refused("with the cache off in training the least set of regions reaches 56.5% of eager "
+                                    "(3,726,216 B against 6,598,036 B, measured 2026-11-27); which tensors hold it "
+                                    "was not investigated", "50%"),
+         native_xfail=("75% with the cache off in training: predicted 4,868,040 B, measured 3,408,584 B (+42.8%, "
+                       "over, so within the budget; 2026-11-27); not investigated"), native_xfail_strict=False),
     Case("falcon", "decoder", _causal_lm("FalconConfig", hidden_size=32, num_hidden_layers=4, num_attention_heads=4,
                                          hidden_dropout=0.1, attention_dropout=0.1, pad_token_id=0, bos_token_id=0,
-                                         eos_token_id=0),
-         native_infeasible=_refused(_CACHE, "50%", "75%")),
+                                         eos_token_id=0)),
     # encoders (masked LMs with labels)
     Case("bert", "encoder", _masked_lm("BertConfig", **_BERT_LIKE)),
     Case("roberta", "encoder", _masked_lm("RobertaConfig", **{**_BERT_LIKE, "max_position_embeddings": 130})),
@@ -202,18 +203,13 @@ CASES = [
     # encoder-decoders
     Case("t5", "encoder-decoder", _seq2seq("T5Config", d_model=32, d_kv=8, d_ff=256, num_layers=4, num_heads=4,
                                            dropout_rate=0.1, decoder_start_token_id=0, pad_token_id=0),
-         note="labels: decoder inputs made by shifting them (a lifted constant)",
-         native_infeasible=_refused("use_cache on (the default config): the decoder's attention blocks return the "
-                                    "cache and are not candidate regions (nor the decoder blocks); the encoder's "
-                                    "blocks and the decoder's feed-forward layers reach 51%", "50%")),
+         note="labels: decoder inputs made by shifting them (a lifted constant)"),
     Case("bart", "encoder-decoder", _seq2seq("BartConfig", d_model=32, encoder_layers=4, decoder_layers=4,
                                              encoder_attention_heads=4, decoder_attention_heads=4,
                                              encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=128,
                                              dropout=0.1, attention_dropout=0.1, pad_token_id=0, bos_token_id=0,
                                              eos_token_id=0, decoder_start_token_id=0)),
-    Case("whisper", "speech", _whisper,
-         native_infeasible=_refused("use_cache on (the default config): the decoder's attention blocks return the "
-                                    "cache and are not candidate regions; the rest reaches 52%", "50%")),
+    Case("whisper", "speech", _whisper),
     # vision
     Case("vit", "vision", _image_classifier("ViTConfig", hidden_size=32, num_hidden_layers=4, num_attention_heads=4,
                                             intermediate_size=64, image_size=32, patch_size=4,
@@ -357,7 +353,12 @@ def run_case(case: Case, budgets=BUDGETS, executor: str = "traced") -> list[Row]
     started = time.perf_counter()
     model, inputs, loss_fn = case.build()
     model.train()
-    reference = training_step(model, inputs, loss_fn)
+    # A native plan trains a Hugging Face decoder with its cache off, as gradient_checkpointing_enable()
+    # does (runtime/hf_cache.py): the reference is that step, called with use_cache=False (with the
+    # cache on, gradients differ by rounding: 1.5e-8 on gpt2, 1.6e-8 on t5).
+    without_cache = cache_off_while_planning(model) if executor == "native" else contextlib.nullcontext()
+    with without_cache:
+        reference = training_step(model, inputs, loss_fn)
     profile = _profile(case, model, inputs, loss_fn, executor)
     rows = []
     declared = dict(case.native_infeasible if executor == "native" else case.infeasible)
@@ -372,7 +373,8 @@ def run_case(case: Case, budgets=BUDGETS, executor: str = "traced") -> list[Row]
                 refusal = ("", int(getattr(error, "min_budget", 0) or 0))
             row = _infeasible_row(case, budget, profile is not None, *refusal, time.perf_counter() - started, executor)
             if executor == "native":  # the base of "N%", as the planner measured it: the least as a share of it
-                row.unplanned_bytes = profiler.measure_step(model, inputs, loss_fn=loss_fn, repeats=1).peak_bytes
+                with cache_off_while_planning(model):
+                    row.unplanned_bytes = profiler.measure_step(model, inputs, loss_fn=loss_fn, repeats=1).peak_bytes
             rows.append(row)
             started = time.perf_counter()
             continue

@@ -16,7 +16,7 @@ _EXPORTS = {
     "NativePlan": ".native", "PlanTimeout": ".api", "PlanWarning": ".planfile",
     "SolverError": ".api", "apply": ".api",
     "checkpoint": ".api", "load": ".api", "plan": ".api", "plan_from_profile": ".api", "plan_untraceable": ".api",
-    "profile_for": ".api",
+    "profile_for": ".api", "plan_of": ".attached", "NoPlan": ".attached",
     "ACCEPTED_FORMS": ".budget", "Budget": ".budget", "BudgetError": ".budget", "format_bytes": ".budget",
     "parse_budget": ".budget", "Plan": ".planfile", "PlanFileError": ".planfile",
 }
@@ -43,6 +43,7 @@ __all__ = [
     "FSDP2",
     "FallbackWarning",
     "NativePlan",
+    "NoPlan",
     "Plan",
     "PlanFileError",
     "PlanTimeout",
@@ -55,6 +56,7 @@ __all__ = [
     "parse_budget",
     "plan",
     "plan_from_profile",
+    "plan_of",
     "plan_untraceable",
     "profile_for",
 ]

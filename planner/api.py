@@ -9,6 +9,7 @@ import torch
 
 import profiler
 import runtime
+from runtime.hf_cache import cache_off_while_planning
 from runtime.rnn import staged_for_trace
 from profiler.api import parse_granularity
 from profiler.oom import reported_out_of_memory
@@ -25,6 +26,8 @@ from .footprint import held_besides_schedule
 from .granularity import noted, solve_over_groupings
 from .least import refusal_below_floor
 from .native import NativePlan, distributed_problem, plan_native
+from .attached import NoPlan, attach, plan_of
+from .autocast import planning_under
 from .optimizer import OptimizerSpecError, optimizer_problem
 from .untraced import is_eager, plan_untraced
 from .planfile import Plan, PlanWarning, load, profile_fields
@@ -32,8 +35,9 @@ from .trainmode import NOTE as TRAINING_NOTE
 from .trainmode import training_step
 from .unplannable import unplannable_reason
 
-__all__ = ["BudgetInfeasible", "EXECUTORS", "profile_for", "FallbackWarning", "NativePlan", "PlanTimeout", "SolverError", "Plan", "apply", "checkpoint",
-           "load", "plan", "plan_from_profile", "plan_untraceable"]
+__all__ = ["BudgetInfeasible", "EXECUTORS", "profile_for", "FallbackWarning", "NativePlan", "NoPlan", "PlanTimeout",
+           "SolverError", "Plan", "apply", "checkpoint", "load", "plan", "plan_of", "plan_from_profile",
+           "plan_untraceable"]
 
 # native: torch.utils.checkpoint on the model's own modules (the default); traced: the profiled
 # graph's schedule replayed by runtime/module.py (any schedule, any solver).
@@ -76,6 +80,7 @@ def plan(
     compile: bool = False,
     optimizer=None,
     device_memory=None,
+    autocast=None,
 ) -> Plan:
     """Profile ``model``'s training step on ``example_inputs`` and solve for ``budget``.
 
@@ -131,6 +136,13 @@ def plan(
     profiler/rematerialize.py), and a ``"N%"`` budget is of the predicted un-checkpointed peak when
     that step would not fit the device (it is not run). An allocation the device refuses while
     profiling or measuring raises :class:`profiler.oom.OutOfMemory`.
+
+    ``autocast`` (``torch.bfloat16``, ``"bf16"``, ``"cuda:float16"``...): plan the step as it will
+    run under ``torch.autocast`` on the model's device (planner/autocast.py); a plan made inside a
+    ``with torch.autocast(...)`` block is planned under it without asking. The plan records it
+    (``Plan.autocast``, in its summary), and a native plan warns once when its training step runs
+    under another (runtime/autocast_check.py).
+
     """
     if model is None:
         raise TypeError("plan() profiles and plans a model: pass the model and its example inputs; to plan from "
@@ -138,6 +150,14 @@ def plan(
     parsed = parse_budget(budget)
     time_limit = _time_limit(time_limit)
     executor = _executor(executor, solver)
+    if autocast is not None:
+        try:
+            under = planning_under(model, autocast)
+        except ValueError as error:
+            raise SolverError(str(error)) from None
+        with under:
+            return plan(model, example_inputs, budget, solver, loss_fn, time_limit, granularity, profile, executor,
+                        distributed, compile, optimizer=optimizer, device_memory=device_memory)
     if distributed_problem(distributed):
         raise SolverError(distributed_problem(distributed) + " (docs/native.md, 'Several processes')")
     _refuse_unplannable(model, example_inputs)
@@ -160,11 +180,13 @@ def _plan(model, example_inputs, parsed, solver, loss_fn, time_limit, granularit
           compile, optimizer, device) -> Plan:
     """:func:`plan` once its arguments are checked, the model in training mode."""
     if compile:
-        return _plan_compiled(model, example_inputs, parsed, solver, executor, loss_fn, time_limit, granularity,
-                              profile, distributed)
+        with cache_off_while_planning(model):  # the training step as it runs planned (runtime/hf_cache.py)
+            return _plan_compiled(model, example_inputs, parsed, solver, executor, loss_fn, time_limit, granularity,
+                                  profile, distributed)
     if executor == "native":
-        return _plan_native(model, example_inputs, parsed, loss_fn, time_limit, granularity, profile, distributed,
-                            optimizer, device)
+        with cache_off_while_planning(model):
+            return _plan_native(model, example_inputs, parsed, loss_fn, time_limit, granularity, profile, distributed,
+                                optimizer, device)
     if distributed is not None:
         raise SolverError("distributed= is accounted for by native plans only: use executor='native' (the default)")
     if is_eager(profile):  # no trace to schedule: the native plan its first plan was
@@ -320,7 +342,7 @@ def profile_for(model: torch.nn.Module, example_inputs, loss_fn: Callable | None
     if not native:
         return profiler.profile(model, example_inputs, loss_fn=loss_fn, granularity=granularity, fuse_loss=True,
                                 memory_bound=memory_bound)
-    with staged_for_trace(model):  # as plan_native traces: a stacked RNN's layers as modules
+    with staged_for_trace(model), cache_off_while_planning(model):  # as plan() traces a native plan's step
         return profiler.profile(model, example_inputs, loss_fn=loss_fn, granularity=granularity, fuse_loss=False,
                                 memory_bound=memory_bound)
 
@@ -485,7 +507,7 @@ def apply(model: torch.nn.Module, plan: Plan, compile: bool = False) -> torch.nn
     object (runtime/native.py); :func:`runtime.native.remove_native` undoes it. A traced plan returns
     a module sharing ``model``'s parameters whose training step replays the schedule (runtime.apply;
     ``compile=True`` runs it as two inductor-compiled graphs, one per side of the loss); a fallback
-    plan checkpoints its blocks (runtime.apply_module_chain)."""
+    plan checkpoints its blocks (runtime.apply_module_chain). :func:`plan_of` gives the plan back."""
     if not isinstance(plan, Plan):
         raise TypeError(f"apply() takes a planner.Plan (from plan() or load()), got {type(plan).__name__}")
     if isinstance(plan, NativePlan):
@@ -494,7 +516,7 @@ def apply(model: torch.nn.Module, plan: Plan, compile: bool = False) -> torch.nn
                 "compile=True compiles a traced plan's schedule; a native plan runs the model's own forward with "
                 "torch.utils.checkpoint, which torch.compile honours: call torch.compile(model) after apply() (and plan with "
                 "compile=True to price the plan on the compiled step)")
-        return runtime.apply_native_plan(model, plan)
+        return attach(runtime.apply_native_plan(model, plan), plan)
     if isinstance(plan, ModuleChainPlan):
         if compile:
             raise ValueError(

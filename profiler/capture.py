@@ -353,7 +353,7 @@ def _replay(graph_module: fx.GraphModule) -> Callable:
 
 # Our functions that only hand the model to the tracer (profiler/blame.py): what raises below them
 # in torch is the tracer's failure, not theirs.
-_DRIVERS = frozenset({"_trace", "_JointStep.__call__", "_replay.<locals>.run"})
+_DRIVERS = frozenset({"_trace", "_JointStep.__call__", "_replay.<locals>.run", "left_whole"})  # runtime/rnn.py
 
 
 def _trace(step: _JointStep, flat_inputs: list[torch.Tensor]) -> fx.GraphModule:

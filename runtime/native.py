@@ -20,6 +20,12 @@ picklable and deep-copyable) that calls the class's own ``forward`` through ``ch
 Sequential with segment regions gets a :class:`SegmentedForward` that runs its children in order,
 each segment as one checkpoint. :func:`remove_native` deletes them.
 
+Besides the regions, :func:`apply_native_plan` adds two forward pre-hooks on the model, both
+removed by :func:`remove_native`: the plan's autocast checked at each training call
+(runtime/autocast_check.py: a mismatch warns once), and for a Hugging Face model with its config's
+``use_cache`` on, ``use_cache=False`` in training calls, as ``gradient_checkpointing_enable()`` does
+(runtime/hf_cache.py; :func:`apply_native` adds this one too).
+
 Checkpointing applies whenever autograd records (``torch.is_grad_enabled()``); under ``no_grad`` the
 forward runs as it is.
 
@@ -41,12 +47,16 @@ import torch.utils.checkpoint as torch_checkpoint
 
 from .fingerprint import module_fingerprint
 from .module import PlanMismatch
+from .autocast_check import install_autocast_check, remove_autocast_check
+from .compile_notice import quiet_for_save_policies
 from .guards import fsdp2_sharded
+from .hf_cache import install_cache_off, remove_cache_off
 from .rnn import install_for_regions, remove_rnn_stages
 from .save_policies import SavePolicy
 
 _SEGMENT = re.compile(r"^(?P<path>.*)\[(?P<start>\d+):(?P<stop>\d+)\]$")
 _GUARD = "_native_shape_guard"
+PLAN_ATTRIBUTE = "_native_plan"  # the plan planner.apply applied (planner/attached.py); removed with the regions
 
 
 class ShapeTooLarge(PlanMismatch):
@@ -211,6 +221,8 @@ def apply_native(model: torch.nn.Module, regions, planned_shapes: dict | None = 
             raise PlanMismatch(f"the plan checkpoints children {span[0]}..{span[1] - 1} of {path or 'the model'!r}, "
                                f"which has {len(module)}: this plan was made for a different model")
         resolved.append((module, span, None if policy_name is None else SavePolicy(policy_name)))
+    if any(policy is not None for _, _, policy in resolved):
+        quiet_for_save_policies()  # dynamo's context_fn notice is about regions the user wrote
     segments: dict[int, tuple[torch.nn.Module, list]] = {}
     for module, span, policy in resolved:
         if span is None:
@@ -223,6 +235,7 @@ def apply_native(model: torch.nn.Module, regions, planned_shapes: dict | None = 
     inside += [child for m, span, _ in resolved if span is not None for child in list(m)[span[0]:span[1]]]
     for norm in _batch_norms(inside):
         norm.__dict__["forward"] = RecomputedBatchNorm(norm)
+    install_cache_off(model)  # a Hugging Face decoder's cache off in training, as HF checkpointing does
     if planned_shapes:
         model.__dict__[_GUARD] = ShapeGuard(tuple((k, tuple(v)) for k, v in planned_shapes.items()))
         model.register_forward_pre_hook(_check_shapes, with_kwargs=True)
@@ -243,7 +256,19 @@ def apply_native_plan(model: torch.nn.Module, plan) -> torch.nn.Module:
         raise PlanMismatch(
             f"this plan was made for a different model ({plan.model or 'unknown class'}; this is "
             f"{type(model).__name__}, or its parameters or buffers differ in names, shapes or dtypes): make a new plan")
-    return apply_native(model, plan.regions, plan.input_shapes)
+    apply_native(model, plan.regions, plan.input_shapes)
+    install_autocast_check(model, getattr(plan, "autocast", ""), _figures(plan))
+    return model
+
+
+def _figures(plan) -> str:
+    """The plan's budget and peaks, in MiB, for the autocast check's warning."""
+    def mib(n) -> str:
+        return f"{n / 2**20:.2f} MiB"
+
+    measured = getattr(plan, "measured_peak_bytes", None)
+    return (f"budget {mib(plan.budget_bytes)}, predicted peak {mib(plan.predicted_peak_bytes)}"
+            + (f", measured {mib(measured)} while planning" if measured is not None else ""))
 
 
 def remove_native(model: torch.nn.Module) -> torch.nn.Module:
@@ -253,12 +278,15 @@ def remove_native(model: torch.nn.Module) -> torch.nn.Module:
         if isinstance(module.__dict__.get("forward"), (CheckpointedForward, SegmentedForward, RecomputedBatchNorm)):
             del module.__dict__["forward"]
     remove_rnn_stages(model)
+    remove_cache_off(model)
+    remove_autocast_check(model)
     # No handle is kept (a RemovableHandle holds a weak reference: torch.save of the model would fail).
     for key, hook in list(model._forward_pre_hooks.items()):
         if hook is _check_shapes:
             del model._forward_pre_hooks[key]
             model._forward_pre_hooks_with_kwargs.pop(key, None)
     model.__dict__.pop(_GUARD, None)
+    model.__dict__.pop(PLAN_ATTRIBUTE, None)
     return model
 
 
@@ -315,5 +343,5 @@ def _check_shapes(module: torch.nn.Module, args: tuple, kwargs: dict):
     return None
 
 
-__all__ = ["CheckpointedForward", "SegmentedForward", "ShapeGuard", "ShapeTooLarge", "apply_native", "apply_native_plan",
+__all__ = ["PLAN_ATTRIBUTE", "CheckpointedForward", "SegmentedForward", "ShapeGuard", "ShapeTooLarge", "apply_native", "apply_native_plan",
            "input_shapes", "native_regions", "parse_region", "remove_native"]

@@ -55,6 +55,7 @@ import re
 
 import torch
 from torch import _VF, nn
+from torch._subclasses.fake_tensor import is_fake
 from torch.nn.utils.rnn import PackedSequence
 
 STAGES = "stages"
@@ -277,6 +278,13 @@ def install_for_regions(model: nn.Module, regions) -> list[str]:
     return list(wanted)
 
 
+def left_whole(rnn: nn.RNNBase, input, hx):
+    """``rnn``'s class forward, the RNN run whole. Only hands the call on: profiler/capture.py counts
+    it among the drivers, so that what the tracer raises below it is the tracer's failure (the
+    model then gets the planner's answer for a model it cannot trace), not a bug of ours."""
+    return type(rnn).forward(rnn, input, hx)
+
+
 class StagedForward:
     """An RNN's ``forward`` run as its stages (``rnn.<name>``), each layer one call: the class
     forward's argument handling (unbatched inputs, default zero states, packed sequences, its
@@ -304,6 +312,11 @@ class StagedForward:
         is_batched = True
         if packed:
             data, batch_sizes, sorted_indices, unsorted_indices = input
+            if is_fake(batch_sizes):
+                # Traced with fake tensors, a packed batch's sizes are data (made from the lengths the
+                # model was given): each layer's size would be a guard on data (GuardOnDataDependentSymNode).
+                # The RNN is left whole: its class forward, as the model wrote it.
+                return left_whole(rnn, input, hx)
             batch = int(batch_sizes[0])
         else:
             if input.dim() not in (2, 3):
@@ -314,9 +327,10 @@ class StagedForward:
             batch = input.size(0) if rnn.batch_first else input.size(1)
             data = input
         if hx is None:
-            shape = (rnn.num_layers * directions, batch)
-            h = torch.zeros(*shape, hidden_size, dtype=data.dtype, device=data.device)
-            hx = (h, torch.zeros(*shape, rnn.hidden_size, dtype=data.dtype, device=data.device)) if lstm else h
+            # The sizes as separate arguments, as nn.LSTM passes them: a packed batch's size is a tensor.
+            layers = rnn.num_layers * directions
+            h = torch.zeros(layers, batch, hidden_size, dtype=data.dtype, device=data.device)
+            hx = (h, torch.zeros(layers, batch, rnn.hidden_size, dtype=data.dtype, device=data.device)) if lstm else h
         else:
             states = hx if lstm else (hx,)
             want = 3 if is_batched else 2

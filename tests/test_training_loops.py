@@ -286,14 +286,7 @@ def test_batch_norms_under_a_save_policy_train_as_eager():
         assert torch.equal(a, b), name
 
 
-def test_a_decoder_with_its_cache_on_is_refused_with_the_reason_and_the_remedy():
-    """Hugging Face decoders default to use_cache=True: each attention block returns its key/value
-    cache as a model output, which no checkpoint frees (the zoo: Llama, Mistral, Qwen2... refused
-    75% with no reason given). The refusal names the cache and the setting."""
-    model = gpt2(layers=2, embd=32, heads=2, vocab=64, positions=16)
-    model.config.use_cache = True
-    with pytest.raises(planner.BudgetInfeasible, match=r"use_cache=True.*use_cache = False"):
-        planner.plan(model, gpt2_inputs(batch=2, tokens=16, vocab=64), budget="40%", loss_fn=hf_loss)
+# A decoder at its default config (use_cache=True) plans: tests/test_user_models.py.
 
 
 def test_an_encoder_refusal_does_not_blame_the_cache():
