@@ -10,7 +10,6 @@ import torch
 import profiler
 import runtime
 from runtime.hf_cache import cache_off_while_planning
-from runtime.rnn import staged_for_trace
 from profiler.api import parse_granularity
 from profiler.oom import reported_out_of_memory
 from profiler.state import cuda_devices
@@ -25,12 +24,13 @@ from .measured import measure_planned_step
 from .footprint import held_besides_schedule
 from .granularity import noted, solve_over_groupings
 from .least import refusal_below_floor
-from .native import NativePlan, distributed_problem, plan_native
+from .native import NativePlan, distributed_problem, native_profile, plan_native
 from .attached import NoPlan, attach, plan_of
 from .autocast import planning_under
 from .optimizer import OptimizerSpecError, optimizer_problem
 from .untraced import is_eager, plan_untraced
-from .planfile import Plan, PlanWarning, load, profile_fields
+from .loading import load
+from .planfile import Plan, PlanWarning, profile_fields
 from .trainmode import NOTE as TRAINING_NOTE
 from .trainmode import training_step
 from .unplannable import unplannable_reason
@@ -342,9 +342,7 @@ def profile_for(model: torch.nn.Module, example_inputs, loss_fn: Callable | None
     if not native:
         return profiler.profile(model, example_inputs, loss_fn=loss_fn, granularity=granularity, fuse_loss=True,
                                 memory_bound=memory_bound)
-    with staged_for_trace(model), cache_off_while_planning(model):  # as plan() traces a native plan's step
-        return profiler.profile(model, example_inputs, loss_fn=loss_fn, granularity=granularity, fuse_loss=False,
-                                memory_bound=memory_bound)
+    return native_profile(model, example_inputs, loss_fn, granularity=granularity, memory_bound=memory_bound)
 
 
 def _refuse_unplannable(model, example_inputs) -> None:

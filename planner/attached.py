@@ -18,6 +18,7 @@ import torch
 
 from runtime.native import PLAN_ATTRIBUTE
 
+from .loading import plan_from_data
 from .planfile import Plan
 
 
@@ -35,7 +36,7 @@ class AttachedPlan:
     @property
     def plan(self) -> Plan:
         if self._plan is None:
-            self._plan = _from_dict(json.loads(self._saved))
+            self._plan = plan_from_data(json.loads(self._saved), source="the saved model's plan")
         return self._plan
 
     def __deepcopy__(self, memo) -> AttachedPlan:
@@ -43,22 +44,6 @@ class AttachedPlan:
 
     def __reduce__(self):
         return AttachedPlan, (None, self._saved if self._plan is None else json.dumps(self._plan.to_dict()))
-
-
-def _from_dict(data: dict) -> Plan:
-    """A plan from its file's JSON object, by its format (as :func:`planner.load` reads a file)."""
-    from .fallback import CHAIN_FORMAT, ModuleChainPlan
-    from .native import NATIVE_FORMAT, NativePlan
-
-    if data.get("format") == CHAIN_FORMAT:
-        return ModuleChainPlan.from_dict(data, source="the saved model's plan")
-    if data.get("format") == NATIVE_FORMAT:
-        if "compiled" in data:
-            from .compiled import CompiledNativePlan
-
-            return CompiledNativePlan.from_dict(data, source="the saved model's plan")
-        return NativePlan.from_dict(data, source="the saved model's plan")
-    return Plan.from_dict(data, source="the saved model's plan")
 
 
 def attach(model: torch.nn.Module, plan: Plan) -> torch.nn.Module:

@@ -42,7 +42,7 @@ from solvers import Infeasible
 
 from .budget import Budget, format_bytes
 from .measured import measure_planned_step
-from .native import NativePlan, plan_native, refuse_wrapped
+from .native import NativePlan, native_profile, plan_native, refuse_wrapped
 from .planfile import PlanFileError, _list, _mapping, _seconds, _text, _whole
 
 MAX_COMPILES = 5  # per plan, the un-checkpointed step's compile included (10-70 s each on GPT-2 on 2 CPU cores)
@@ -217,9 +217,7 @@ def plan_compiled_native(model: torch.nn.Module, example_inputs, budget: Budget,
     refuse_wrapped(model)
     remove_native(model)
     if profile is None:  # as plan_native traces it: what eager autograd runs
-        from .api import profile_for
-
-        profile = profile_for(model, example_inputs, loss_fn=loss_fn, granularity=granularity)
+        profile = native_profile(model, example_inputs, loss_fn, granularity=granularity)
     search = _Search(model, example_inputs, loss_fn, repeats, max_compiles)
 
     def eager(target: int) -> NativePlan:

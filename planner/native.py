@@ -32,6 +32,7 @@ from profiler.oom import reported_out_of_memory
 from profiler.state import cuda_devices, rng_state_bytes
 from runtime.chain import module_fingerprint
 from runtime.native import apply_native, input_shapes, parse_region, remove_native
+from runtime.hf_cache import cache_off_while_planning
 from runtime.rnn import staged_for_trace
 from solvers import Infeasible, simulate
 from solvers.native import solve_regions_exact
@@ -490,6 +491,17 @@ def measure_native(model: torch.nn.Module, regions, example_inputs, loss_fn, rep
         remove_native(model)
 
 
+def native_profile(model: torch.nn.Module, example_inputs, loss_fn=None, granularity="op",
+                   memory_bound: int | None = None) -> profiler.Profile:
+    """The profile a native plan is made on: the step as eager autograd runs it (the cross-entropy
+    backward unfused: two logits-sized ops), a stacked RNN's layers as modules the search can
+    checkpoint (runtime/rnn.py), a Hugging Face decoder's cache off as the planned model trains
+    (runtime/hf_cache.py). ``memory_bound``: bytes profiling may hold (planner/bounded.py)."""
+    with staged_for_trace(model), cache_off_while_planning(model):
+        return profiler.profile(model, example_inputs, loss_fn=loss_fn, granularity=granularity, fuse_loss=False,
+                                memory_bound=memory_bound)
+
+
 def plan_native(model: torch.nn.Module, example_inputs, budget: Budget, loss_fn=None,
                 time_limit: float | None = None, granularity="module",
                 profile: profiler.Profile | None = None, measure: bool = True,
@@ -520,12 +532,8 @@ def plan_native(model: torch.nn.Module, example_inputs, budget: Budget, loss_fn=
     # Profiling runs every op of the step: the measurements after it need no warm-up step (on CPU).
     warm = profile is None
     if profile is None:
-        # A stacked RNN's layers as modules the search can checkpoint (runtime/rnn.py). Unfused: eager
-        # autograd runs the cross-entropy backward as two logits-sized ops. Single ops, the grouping
-        # the region search reads (``granularity`` groups the traced executor's).
-        with staged_for_trace(model):
-            profile = profiler.profile(model, example_inputs, loss_fn=loss_fn, granularity="op", fuse_loss=False,
-                                       memory_bound=bound)
+        # Single ops, the grouping the region search reads (``granularity`` groups the traced executor's).
+        profile = native_profile(model, example_inputs, loss_fn, granularity="op", memory_bound=bound)
     _warn_if_above_bound(profile, bound, device_memory)
     op_graph = profile.regroup("op").graph
     if not clock:

@@ -367,8 +367,9 @@ def graph_from_dict(data: dict) -> nx.DiGraph:
     return graph
 
 
-def load(path: str | os.PathLike) -> Plan:
-    """Read a plan saved by :meth:`Plan.save`. Raises :class:`PlanFileError` with the reason."""
+def read_plan_data(path: str | os.PathLike):
+    """The JSON value of the plan file at ``path`` (planner/loading.py makes the plan of it). Raises
+    :class:`PlanFileError` with the reason when it cannot be read or is not JSON."""
     path = os.fspath(path)
     try:
         if os.path.exists(path) and not os.path.isfile(path):  # a FIFO blocks, /dev/zero never ends
@@ -391,19 +392,7 @@ def load(path: str | os.PathLike) -> Plan:
         raise PlanFileError(f"{path} is not valid JSON (line {error.lineno}, column {error.colno}: {error.msg})") from None
     except (UnicodeDecodeError, RecursionError) as error:  # binary junk; absurdly nested arrays
         raise PlanFileError(f"{path} is not a JSON plan ({type(error).__name__})") from None
-    from .fallback import CHAIN_FORMAT, ModuleChainPlan  # fallback extends Plan: imported here, not above
-
-    from .native import NATIVE_FORMAT, NativePlan
-
-    if isinstance(data, dict) and data.get("format") == CHAIN_FORMAT:
-        return ModuleChainPlan.from_dict(data, source=path)
-    if isinstance(data, dict) and data.get("format") == NATIVE_FORMAT:
-        if "compiled" in data:  # priced on the compiled step (planner/compiled.py)
-            from .compiled import CompiledNativePlan
-
-            return CompiledNativePlan.from_dict(data, source=path)
-        return NativePlan.from_dict(data, source=path)
-    return Plan.from_dict(data, source=path)
+    return data
 
 
 def _warn_if_other_torch(made_with: str, path: str) -> None:

@@ -22,7 +22,8 @@ import torch.fx as fx
 
 from .capture import JointGraph
 from .grouping import GRADIENT, MODEL_OUTPUT, MUTATION, Grouping, _tensors
-from .measure import OpTimes, storage_bytes
+from .measure import OpTimes
+from .storage import allocated_bytes, storage_bytes
 
 LOSS = "loss"
 # Graph attribute: the trace's cross-entropy backward recomputes its log-probabilities from the
@@ -180,10 +181,7 @@ def spec_bytes(spec, joint: JointGraph) -> int:
     numel = 1
     for size in spec.shape:
         numel *= size
-    nbytes = numel * torch.empty((), dtype=spec.dtype).element_size()
-    if spec.device.startswith("cuda"):
-        nbytes = -(-nbytes // 512) * 512
-    return nbytes
+    return allocated_bytes(numel * torch.empty((), dtype=spec.dtype).element_size(), torch.device(spec.device))
 
 
 def fingerprint(graph: nx.DiGraph) -> str:

@@ -53,7 +53,8 @@ from .capture import autocast_state
 from .costgraph import LOSS, fingerprint
 from .inputs import InputLayout, input_layout, normalise_inputs
 from .loss import LossInfo, default_loss, run_planning_loss
-from .measure import SCRATCH_LABEL, _scratch_from_events, storage_bytes
+from .measure import SCRATCH_LABEL, _scratch_from_events
+from .storage import storage_bytes
 from .memory import resident_bytes
 from .state import cuda_devices, get_rng_state, preserved_state, set_rng_state
 

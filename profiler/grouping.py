@@ -28,7 +28,7 @@ import torch.fx as fx
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from .capture import TANGENT, JointGraph, is_buffer_mutation
-from .measure import storage_bytes
+from .storage import storage_bytes
 
 # Classes of exported values; a group or extraction node holds values of one class.
 NORMAL, MODEL_OUTPUT, GRADIENT, MUTATION = "normal", "model_output", "gradient", "mutation"

@@ -18,7 +18,7 @@ import torch.utils._pytree as pytree
 from .allocations import allocated_while, quiet_native_stderr
 from .errors import CaptureError, ModelCallError, first_line
 from .inputs import TensorSpec
-from .measure import storage_bytes
+from .storage import storage_bytes
 from .oom import raise_if_out_of_memory
 from .state import cuda_devices
 

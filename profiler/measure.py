@@ -34,9 +34,6 @@ from .allocations import cpu_allocations, cpu_memory_profile, replay
 from .rematerialize import BoundedRun, BoundedStats
 from .state import cuda_devices, get_rng_state, set_rng_state
 
-# Memory the CUDA caching allocator hands out comes in blocks of this many bytes.
-CUDA_BLOCK_BYTES = 512
-
 
 @dataclass(frozen=True)
 class OpTimes:
@@ -334,11 +331,3 @@ def _cuda_with_scratch(node: fx.Node, args, kwargs, scratch: dict[str, int]):
     if extra > 0:
         scratch[node.name] = int(extra)
     return result
-
-
-def storage_bytes(tensor: torch.Tensor) -> int:
-    """Bytes the allocator hands out for a tensor's storage on its device."""
-    nbytes = tensor.untyped_storage().nbytes()
-    if tensor.device.type == "cuda":
-        return -(-nbytes // CUDA_BLOCK_BYTES) * CUDA_BLOCK_BYTES
-    return nbytes

@@ -33,7 +33,7 @@ import torch
 import torch.utils._pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
-CUDA_BLOCK_BYTES = 512  # the CUDA caching allocator's rounding (profiler/costgraph.py spec_bytes)
+from .storage import allocated_bytes
 
 
 class OptimizerError(ValueError):
@@ -81,13 +81,6 @@ class OptimizerRecipe:
         return cls(type(optimizer), kwargs, groups)
 
 
-def _storage_bytes(storage: torch.UntypedStorage, device: torch.device) -> int:
-    nbytes = storage.nbytes()
-    if device.type == "cuda":
-        return -(-nbytes // CUDA_BLOCK_BYTES) * CUDA_BLOCK_BYTES
-    return nbytes
-
-
 class LiveStorages(TorchDispatchMode):
     """Bytes of the storages alive, and their most at once, over the ops run under this mode.
 
@@ -114,7 +107,7 @@ class LiveStorages(TorchDispatchMode):
         key = id(storage)
         if key in self._sizes:
             return
-        self._sizes[key] = _storage_bytes(storage, tensor.device)
+        self._sizes[key] = allocated_bytes(storage.nbytes(), tensor.device)
         self.live_bytes += self._sizes[key]
         self._refs[key] = weakref.ref(storage, lambda _, key=key: self._collected(key))
 

@@ -30,6 +30,8 @@ import torch
 import torch.fx as fx
 import torch.utils._pytree as pytree
 
+from .storage import storage_bytes
+
 
 @dataclass
 class BoundedStats:
@@ -62,12 +64,6 @@ def _mutates(node: fx.Node) -> bool:
     return isinstance(target, torch._ops.OpOverload) and target._schema.is_mutable
 
 
-def _storage_bytes(tensor: torch.Tensor) -> int:
-    from .measure import storage_bytes
-
-    return storage_bytes(tensor)
-
-
 def fresh_bytes(node: fx.Node) -> int:
     """Bytes the op allocates for its outputs (distinct storages of its traced fake outputs), 0
     for an op whose outputs alias its inputs."""
@@ -75,7 +71,7 @@ def fresh_bytes(node: fx.Node) -> int:
         return 0
     from torch.multiprocessing.reductions import StorageWeakRef
 
-    storages = {StorageWeakRef(t.untyped_storage()): _storage_bytes(t) for t in _tensor_leaves(node.meta.get("val"))}
+    storages = {StorageWeakRef(t.untyped_storage()): storage_bytes(t) for t in _tensor_leaves(node.meta.get("val"))}
     return sum(storages.values())
 
 
@@ -121,7 +117,7 @@ class BoundedRun:
         for arg in node.all_input_nodes:
             if arg.name not in self.pinned:
                 for t in _tensor_leaves(arg.meta.get("val")):
-                    storages[StorageWeakRef(t.untyped_storage())] = _storage_bytes(t)
+                    storages[StorageWeakRef(t.untyped_storage())] = storage_bytes(t)
         return sum(storages.values())
 
     def next_use(self, name: str, position: int) -> int | None:
@@ -170,7 +166,7 @@ class _State:
             key = _storage_key(tensor)
             if key not in self.holders:
                 self.holders[key] = set()
-                self.sizes[key] = _storage_bytes(tensor)
+                self.sizes[key] = storage_bytes(tensor)
                 self.held_bytes += self.sizes[key]
             self.holders[key].add(name)
             keys.append(key)

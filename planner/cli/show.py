@@ -11,7 +11,8 @@ from solvers import simulate
 from solvers.schedule import COMPUTE
 
 from ..budget import format_bytes
-from ..planfile import Plan, load
+from ..loading import load
+from ..planfile import Plan
 from .plots import memory_plot
 
 
