@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import networkx as nx
 import numpy as np
@@ -75,6 +75,116 @@ def _heuristic_start(graph, budget: int, candidates, sequentials, policies, seco
     return plan.regions, None
 
 
+@dataclass
+class _Search:
+    """Where the MILP search stands: ``best`` (choice indices) and its ``best_cost`` (seconds the
+    choices add), ``bound`` (the MILP's best bound on those seconds), whether the incumbent is
+    ``proven`` optimal, whether ``nothing_fits`` (no plan meets the rows), the no-good ``cuts`` and
+    MILP ``rounds`` so far."""
+
+    best: set[int] | None
+    best_cost: float
+    bound: float | None = None
+    proven: bool = False
+    nothing_fits: bool = False
+    cuts: int = 0
+    rounds: int = 0
+
+
+def _longer_slice(slice_seconds: float | None, improved: bool) -> float | None:
+    """The next MILP run's seconds: the rest of the time (None) after a new incumbent, else twice the
+    slice (the run found nothing better in it)."""
+    return None if improved or slice_seconds is None else 2 * slice_seconds
+
+
+def _admit(search: _Search, milp: RegionMilp, rows, model: RegionModel, taken: set[int], budget_bytes: int) -> bool:
+    """Whether the plan ``taken`` fits ``budget_bytes`` by every row and by the simulator's twin. When it
+    does not, the rows it breaks are added to ``milp``, or (none fresh, or the rows and the twin
+    disagree) the plan is cut off and counted in ``search.cuts``."""
+    violated = _worst_events(rows, taken, budget_bytes)
+    if violated:
+        fresh = [event for event in violated if event not in milp.events_added]
+        for event in fresh:
+            milp.add_event(event)
+        if not fresh:  # over by less than HiGHS's feasibility tolerance (a byte or so of a budget): cut it off
+            milp.exclude(taken)
+            search.cuts += 1
+        return False
+    peak, _ = model.peak_and_cost([rows.menu.choices[c] for c in sorted(taken)])
+    if peak > budget_bytes:  # the rows and the simulator's twin disagree: never take the plan
+        milp.exclude(taken)
+        search.cuts += 1
+        return False
+    return True
+
+
+def _search(milp: RegionMilp, rows, model: RegionModel, budget_bytes: int, clock: Clock,
+            best: set[int] | None) -> _Search:
+    """Run the MILP in slices from the incumbent ``best`` until it is proven, none fits, or the
+    ``clock`` runs out: each plan found is admitted (:func:`_admit`) before it is taken."""
+    search = _Search(best, rows.cost_of(best) if best is not None else np.inf)
+    slice_seconds: float | None = FIRST_SLICE
+    while not clock.expired():
+        search.rounds += 1
+        if search.best is not None:
+            milp.start(search.best)
+        outcome = milp.solve(clock.left() if slice_seconds is None else min(clock.left(), slice_seconds))
+        if outcome.bound is not None:  # every round's bound holds: its rows are some of the exact problem's
+            search.bound = outcome.bound if search.bound is None else max(search.bound, outcome.bound)
+        if outcome.infeasible:  # no plan meets the rows (with cuts: none but those cut off, over the budget)
+            search.proven, search.nothing_fits = search.best is not None, search.best is None
+            break
+        if outcome.taken is None:
+            slice_seconds = _longer_slice(slice_seconds, False)  # none in the slice: a longer one
+            continue
+        taken = outcome.taken
+        if not _admit(search, milp, rows, model, taken, budget_bytes):
+            continue
+        improved = search.best is None or rows.cost_of(taken) < search.best_cost
+        if improved:
+            search.best, search.best_cost = taken, rows.cost_of(taken)
+        search.proven = outcome.proven
+        if search.proven:
+            break
+        # A new plan that meets every row: the rest of the time for the proof. The start again (the
+        # run found nothing better in its slice): a longer slice, still checked when it ends.
+        slice_seconds = _longer_slice(slice_seconds, improved)
+    return search
+
+
+def _no_plan(search: _Search, budget_bytes: int, least: int | None, clock: Clock) -> Exception:
+    """The error when the search ends without a plan: :class:`Infeasible` (``least``: the least peak
+    in bytes the heuristic saw) or :class:`SolverTimeout`."""
+    if search.nothing_fits:
+        return Infeasible(f"no set of checkpointed regions fits {budget_bytes} bytes of activations"
+                          + (f"; the least found holds {least}" if least is not None else ""),
+                          min_budget=least, method=METHOD)
+    if least is not None:  # the heuristic's verdict stands: the exact search neither found a plan nor proved none
+        return Infeasible(f"no set of checkpointed regions found within {budget_bytes} bytes of activations in the "
+                          f"time limit of {clock.limit:g} s; the least found holds {least}", min_budget=least,
+                          method=METHOD)
+    return SolverTimeout(f"{METHOD}: the time limit of {clock.limit:g} s passed before a plan within "
+                         f"{budget_bytes} bytes was found", method=METHOD)
+
+
+def _found(graph: nx.DiGraph, rows, milp: RegionMilp, search: _Search, budget_bytes: int,
+           started: float) -> RegionPlan:
+    """The incumbent as a plan evaluated by the simulator, reported ``optimal`` or ``feasible`` with
+    its gap (the share of its step seconds above the bound)."""
+    menu = rows.menu
+    plan = evaluate(graph, [menu.choices[c] for c in sorted(search.best)])
+    if plan.outcome.peak_bytes > budget_bytes:  # RegionModel and evaluate are equal: a bug if this fires
+        raise AssertionError(f"{METHOD}: the plan's simulated peak {plan.outcome.peak_bytes} exceeds {budget_bytes}")
+    note = f"{len(plan.regions)} region(s) of {len(menu.choices)} choices, {len(milp.events_added)} memory rows, " \
+           f"{search.rounds} MILP run(s)" + (f", {search.cuts} no-good cut(s)" if search.cuts else "")
+    if search.proven:
+        return _reported(plan, OPTIMAL, None, started, f"optimal over the native plans: {note}")
+    lower = rows.base_cost + search.bound if search.bound is not None else rows.base_cost
+    cost = plan.outcome.compute_cost
+    gap = max(0.0, (cost - lower) / cost) if cost else 0.0
+    return _reported(plan, FEASIBLE, gap, started, f"time limit: {note}, within {gap:.2%} of the best native plan")
+
+
 def solve_regions_exact(graph: nx.DiGraph, budget_bytes: int, candidates: Sequence[str] | None = None,
                         sequentials: dict[str, int] | None = None, time_limit: float | None = None,
                         policies: Sequence[str] = tuple(SAVE_POLICIES)) -> RegionPlan:
@@ -104,69 +214,12 @@ def solve_regions_exact(graph: nx.DiGraph, budget_bytes: int, candidates: Sequen
     if start is not None and best is None:  # a region the menu lacks: keep the heuristic's plan as it is
         return _reported(evaluate(graph, start), FEASIBLE, None, started,
                          "the heuristic's plan (a region outside the exact method's menu)")
-    best_cost = rows.cost_of(best) if best is not None else np.inf
     for event in _worst_events(rows, set(), budget_bytes):
         milp.add_event(event)
-    bound, proven, nothing_fits, cuts, rounds = None, False, False, 0, 0
-    slice_seconds: float | None = FIRST_SLICE
-    while not clock.expired():
-        rounds += 1
-        if best is not None:
-            milp.start(best)
-        outcome = milp.solve(clock.left() if slice_seconds is None else min(clock.left(), slice_seconds))
-        if outcome.bound is not None:  # every round's bound holds: its rows are some of the exact problem's
-            bound = outcome.bound if bound is None else max(bound, outcome.bound)
-        if outcome.infeasible:  # no plan meets the rows (with cuts: none but those cut off, over the budget)
-            proven, nothing_fits = best is not None, best is None
-            break
-        if outcome.taken is None:
-            slice_seconds = None if slice_seconds is None else 2 * slice_seconds  # none in the slice: a longer one
-            continue
-        taken = outcome.taken
-        violated = _worst_events(rows, taken, budget_bytes)
-        if violated:
-            fresh = [event for event in violated if event not in milp.events_added]
-            for event in fresh:
-                milp.add_event(event)
-            if not fresh:  # over by less than HiGHS's feasibility tolerance (a byte or so of a budget): cut it off
-                milp.exclude(taken)
-                cuts += 1
-            continue
-        peak, _ = model.peak_and_cost([menu.choices[c] for c in sorted(taken)])
-        if peak > budget_bytes:  # the rows and the simulator's twin disagree: never take the plan
-            milp.exclude(taken)
-            cuts += 1
-            continue
-        improved = best is None or rows.cost_of(taken) < best_cost
-        if improved:
-            best, best_cost = taken, rows.cost_of(taken)
-        proven = outcome.proven
-        if proven:
-            break
-        # A new plan that meets every row: the rest of the time for the proof. The start again (the
-        # run found nothing better in its slice): a longer slice, still checked when it ends.
-        slice_seconds = None if improved or slice_seconds is None else 2 * slice_seconds
-    if best is None:
-        if nothing_fits:
-            raise Infeasible(f"no set of checkpointed regions fits {budget_bytes} bytes of activations"
-                             + (f"; the least found holds {least}" if least is not None else ""),
-                             min_budget=least, method=METHOD)
-        if least is not None:  # the heuristic's verdict stands: the exact search neither found a plan nor proved none
-            raise Infeasible(f"no set of checkpointed regions found within {budget_bytes} bytes of activations in the "
-                             f"time limit of {clock.limit:g} s; the least found holds {least}", min_budget=least,
-                             method=METHOD)
-        raise SolverTimeout(f"{METHOD}: the time limit of {clock.limit:g} s passed before a plan within "
-                            f"{budget_bytes} bytes was found", method=METHOD)
-    plan = evaluate(graph, [menu.choices[c] for c in sorted(best)])
-    if plan.outcome.peak_bytes > budget_bytes:  # RegionModel and evaluate are equal: a bug if this fires
-        raise AssertionError(f"{METHOD}: the plan's simulated peak {plan.outcome.peak_bytes} exceeds {budget_bytes}")
-    note = f"{len(plan.regions)} region(s) of {len(menu.choices)} choices, {len(milp.events_added)} memory rows, " \
-           f"{rounds} MILP run(s)" + (f", {cuts} no-good cut(s)" if cuts else "")
-    if proven:
-        return _reported(plan, OPTIMAL, None, started, f"optimal over the native plans: {note}")
-    lower = rows.base_cost + bound if bound is not None else rows.base_cost
-    gap = max(0.0, (plan.outcome.compute_cost - lower) / plan.outcome.compute_cost) if plan.outcome.compute_cost else 0.0
-    return _reported(plan, FEASIBLE, gap, started, f"time limit: {note}, within {gap:.2%} of the best native plan")
+    search = _search(milp, rows, model, budget_bytes, clock, best)
+    if search.best is None:
+        raise _no_plan(search, budget_bytes, least, clock)
+    return _found(graph, rows, milp, search, budget_bytes, started)
 
 
 def _worst_events(rows, taken: set[int], budget: int) -> list[int]:

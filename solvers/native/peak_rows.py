@@ -158,19 +158,70 @@ class PeakRows:
         return self.base_cost + float(sum(self.cost[c] for c in taken))
 
 
-def build_rows(graph: nx.DiGraph, menu: Menu, model: RegionModel | None = None) -> PeakRows:
-    """The :class:`PeakRows` of ``menu`` on ``graph`` (the profiler's op graph; ``model`` its
-    :class:`RegionModel`, when the caller has one)."""
-    model = model or RegionModel(graph)
-    n = len(model.order)
-    parts = [model.parts(choice) for choice in menu.choices]  # (recomputed, backward, trigger, held, overhead)
-    base_cost = model.peak_and_cost(())[1]
-    # What a choice adds to the step's time: its recomputed ops' seconds and what the checkpoint itself
-    # costs (region_costs' ``seconds``, what RegionModel and evaluate add to the step for it;
-    # tests/test_regions_exact.py checks the sum).
-    cost = np.array([float(sum(model.cost[w] for w in recomputed)) + float(overhead)
+@dataclass(frozen=True)
+class _Axis:
+    """Where each event sits on the axis: ``at[i]`` the position of trace op ``i``; ``slot_at[c]`` the
+    positions of choice ``c``'s twins (empty for a choice without twins); ``owner`` and ``own`` as in
+    :class:`PeakRows` (own: bytes, the event's result and workspace)."""
+
+    at: list[int]
+    slot_at: list[list[int]]
+    owner: np.ndarray
+    own: np.ndarray
+
+    @property
+    def events(self) -> int:
+        return len(self.owner)
+
+
+@dataclass(frozen=True)
+class _Lifetimes:
+    """What the rows read of the trace: ``readers[v]`` (trace ops reading result ``v``), the axis, and
+    the last event ``end`` (where results kept past the step are held to)."""
+
+    model: RegionModel
+    axis: _Axis
+    readers: list[list[int]]
+
+    @property
+    def end(self) -> int:
+        return self.axis.events - 1
+
+    def last_without(self, v: int, removed: set[int]) -> int:
+        """The axis event of result ``v``'s last reader other than the trace ops ``removed``."""
+        if self.model.kept[v]:
+            return self.end
+        at = self.axis.at
+        return max((at[r] for r in self.readers[v] if r not in removed), default=at[v])
+
+
+@dataclass
+class _Moves:
+    """How the choices move the results' readers: ``removes[v][c]``, the trace readers of ``v`` that
+    choice ``c`` removes; ``adds[v][c]``, the latest axis event at which ``c`` adds a reader of ``v``;
+    ``intervals``, the twins' own lifetimes as (start, stop, bytes, choice)."""
+
+    removes: dict[int, dict[int, set[int]]] = field(default_factory=dict)
+    adds: dict[int, dict[int, int]] = field(default_factory=dict)
+    intervals: list[tuple[int, int, int, int]] = field(default_factory=list)
+
+    def add_reader(self, v: int, c: int, event: int) -> None:
+        self.adds.setdefault(v, {})
+        self.adds[v][c] = max(self.adds[v].get(c, -1), event)
+
+
+def _choice_costs(model: RegionModel, parts: list[tuple]) -> np.ndarray:
+    """Seconds each choice adds to the step: its recomputed ops' seconds and what the checkpoint itself
+    costs (region_costs' ``seconds``, what RegionModel and evaluate add to the step for it;
+    tests/test_regions_exact.py checks the sum)."""
+    return np.array([float(sum(model.cost[w] for w in recomputed)) + float(overhead)
                      for recomputed, _, _, _, overhead in parts])
 
+
+def _build_axis(model: RegionModel, parts: list[tuple]) -> _Axis:
+    """The events on one axis: the trace's ops in order, each choice's twins right before its trigger
+    (choices with the same trigger in menu order)."""
+    n = len(model.order)
     keys = [(i, BASE, 0, 0) for i in range(n)]
     slots: list[list[int]] = []
     for c, (recomputed, _, trigger, _, _) in enumerate(parts):
@@ -182,7 +233,7 @@ def build_rows(graph: nx.DiGraph, menu: Menu, model: RegionModel | None = None) 
     position = np.empty(len(keys), dtype=np.int64)
     position[order] = np.arange(len(keys))
     events = len(keys)
-    at = [int(position[i]) for i in range(n)]  # axis position of trace op i
+    at = [int(position[i]) for i in range(n)]
     slot_at = [[int(position[s]) for s in choice_slots] for choice_slots in slots]
     owner = np.full(events, -1, dtype=np.int64)
     own = np.zeros(events, dtype=np.int64)
@@ -192,103 +243,143 @@ def build_rows(graph: nx.DiGraph, menu: Menu, model: RegionModel | None = None) 
         for k, w in enumerate(recomputed if slot_at[c] else ()):
             owner[slot_at[c][k]] = c
             own[slot_at[c][k]] = model.mem[w] + model.workspace[w]
+    return _Axis(at, slot_at, owner, own)
 
-    end = events - 1
-    readers: list[list[int]] = [[] for _ in range(n)]
-    for i in range(n):
+
+def _readers(model: RegionModel) -> list[list[int]]:
+    """The trace ops reading each trace op's result, in trace order."""
+    readers: list[list[int]] = [[] for _ in range(len(model.order))]
+    for i in range(len(model.order)):
         for p in model.preds[i]:
             readers[p].append(i)
+    return readers
 
-    def last_without(v: int, removed: set[int]) -> int:
-        if model.kept[v]:
-            return end
-        return max((at[r] for r in readers[v] if r not in removed), default=at[v])
 
-    plain_last = [last_without(v, set()) for v in range(n)]
+def _twin_intervals(model: RegionModel, axis: _Axis, c: int, recomputed, backward) -> list[tuple[int, int, int, int]]:
+    """Choice ``c``'s twins' own lifetimes, from their event to their last reader (a later twin, a
+    backward op), as (start, stop, bytes, choice)."""
+    slots = axis.slot_at[c]
+    if not slots:
+        return []
+    twin_index = {w: k for k, w in enumerate(recomputed)}
+    last_twin = {w: slots[k] for w, k in twin_index.items()}
+    for k, w in enumerate(recomputed):
+        for p in model.preds[w]:
+            if p in twin_index:
+                last_twin[p] = max(last_twin[p], slots[k])
+    for b in backward:
+        for p in model.preds[b]:
+            if p in twin_index:
+                last_twin[p] = max(last_twin[p], axis.at[b])
+    return [(slots[k] + 1, last_twin[w], model.mem[w], c) for w, k in twin_index.items() if last_twin[w] > slots[k]]
 
-    # Every way each choice moves a result's readers: removed (backward ops reading the twin), added.
-    removes: dict[int, dict[int, set[int]]] = {}  # v -> choice -> trace readers it removes
-    adds: dict[int, dict[int, int]] = {}  # v -> choice -> the latest axis event it adds a reader at
-    twin_intervals: list[tuple[int, int, int, int]] = []
+
+def _choice_moves(trace: _Lifetimes, parts: list[tuple]) -> _Moves:
+    """Every way each choice moves a result's readers: removed (backward ops reading the twin), added
+    (a twin reading an input; the checkpoint holding what it holds to the region's last backward op)."""
+    model, axis = trace.model, trace.axis
+    moves = _Moves()
     for c, (recomputed, backward, _trigger, held, _) in enumerate(parts):
         inside = set(recomputed)
         backward_set = set(backward)
         for v in recomputed:
-            gone = {r for r in readers[v] if r in backward_set}
+            gone = {r for r in trace.readers[v] if r in backward_set}
             if gone:
-                removes.setdefault(v, {})[c] = gone
-        for k, w in enumerate(recomputed if slot_at[c] else ()):
+                moves.removes.setdefault(v, {})[c] = gone
+        for k, w in enumerate(recomputed if axis.slot_at[c] else ()):
             for p in model.preds[w]:
                 if p not in inside:
-                    adds.setdefault(p, {})
-                    adds[p][c] = max(adds[p].get(c, -1), slot_at[c][k])
+                    moves.add_reader(p, c, axis.slot_at[c][k])
         if backward:
             for v in held:
-                adds.setdefault(v, {})
-                adds[v][c] = max(adds[v].get(c, -1), at[backward[-1]])
-        # The twins' own lifetimes: from their event to their last reader (a later twin, a backward op).
-        twin_index = {w: k for k, w in enumerate(recomputed)} if slot_at[c] else {}
-        last_twin = {w: slot_at[c][k] for w, k in twin_index.items()}
-        for k, w in enumerate(recomputed if slot_at[c] else ()):
-            for p in model.preds[w]:
-                if p in twin_index:
-                    last_twin[p] = max(last_twin[p], slot_at[c][k])
-        for b in backward if slot_at[c] else ():
-            for p in model.preds[b]:
-                if p in twin_index:
-                    last_twin[p] = max(last_twin[p], at[b])
-        for w, k in twin_index.items():
-            if last_twin[w] > slot_at[c][k]:
-                twin_intervals.append((slot_at[c][k] + 1, last_twin[w], model.mem[w], c))
+                moves.add_reader(v, c, axis.at[backward[-1]])
+        moves.intervals += _twin_intervals(model, axis, c, recomputed, backward)
+    return moves
 
-    constant_change = np.zeros(events + 1, dtype=np.int64)
-    intervals = list(twin_intervals)
+
+def _hold(change: np.ndarray, born: int, last: int, mem: int) -> None:
+    """Add ``mem`` bytes held on events ``born + 1 .. last`` to the difference array ``change``."""
+    if last > born:
+        change[born + 1] += mem
+        change[last + 1] -= mem
+
+
+def _clique_intervals(trace: _Lifetimes, moves: _Moves, v: int, movers: set[int],
+                      plain_last: int) -> list[tuple[int, int, int, int]]:
+    """Result ``v``'s lifetime per choice of one clique (at most one is taken), as its change against
+    ``plain_last`` (the last reader under no choice): (start, stop, bytes, choice)."""
+    born, mem = trace.axis.at[v], trace.model.mem[v]
+    removes, adds = moves.removes.get(v, {}), moves.adds.get(v, {})
+    intervals = []
+    for c in movers:
+        last = max(trace.last_without(v, removes.get(c, set())), adds.get(c, -1))
+        if last > plain_last:
+            intervals.append((plain_last + 1, last, mem, c))
+        elif last < plain_last:
+            intervals.append((max(last, born) + 1, plain_last, -mem, c))
+    return intervals
+
+
+def _shared(trace: _Lifetimes, moves: _Moves, v: int, fixed: int) -> Shared:
+    """Result ``v`` as a :class:`Shared`: held to ``fixed`` whatever the plan, after it while some reader
+    is active (a removable one unless every choice removing it is taken; an added one when its choice is)."""
+    at = trace.axis.at
+    removes, adds = moves.removes.get(v, {}), moves.adds.get(v, {})
+    needs: dict[int, list] = {}
+    for r in trace.readers[v]:
+        if at[r] <= fixed:
+            continue
+        who = tuple(sorted(c for c, gone in removes.items() if r in gone))
+        needs.setdefault(at[r], []).append(("removable", frozenset(who)))
+    for c, latest in adds.items():
+        if latest > fixed:
+            needs.setdefault(latest, []).append(("added", c))
+    # Added readers earlier than a choice's latest one never end the lifetime later than it: the latest is enough.
+    breaks = tuple(sorted(needs))
+    return Shared(v, trace.model.mem[v], at[v], fixed, breaks, tuple(tuple(needs[p]) for p in breaks))
+
+
+def _result_rows(trace: _Lifetimes, moves: _Moves, menu: Menu, v: int, constant_change: np.ndarray,
+                 intervals: list, shared: list[Shared]) -> None:
+    """Result ``v``'s bytes in the rows: held whatever the plan (into ``constant_change``), per choice
+    of one clique (into ``intervals``) or as a :class:`Shared` (into ``shared``)."""
+    born, mem = trace.axis.at[v], trace.model.mem[v]
+    removes, adds = moves.removes.get(v, {}), moves.adds.get(v, {})
+    plain_last = trace.last_without(v, set())
+    if not (set(removes) | set(adds)) or trace.model.kept[v]:
+        _hold(constant_change, born, plain_last, mem)
+        return
+    fixed = trace.last_without(v, set().union(*removes.values()) if removes else set())
+    at = trace.axis.at
+    movers = {c for c, gone in removes.items() if any(at[r] > fixed for r in gone)}
+    movers |= {c for c, latest in adds.items() if latest > fixed}
+    if menu.one_clique(movers):
+        _hold(constant_change, born, plain_last, mem)
+        intervals += _clique_intervals(trace, moves, v, movers, plain_last)
+        return
+    _hold(constant_change, born, fixed, mem)
+    shared.append(_shared(trace, moves, v, fixed))
+
+
+def build_rows(graph: nx.DiGraph, menu: Menu, model: RegionModel | None = None) -> PeakRows:
+    """The :class:`PeakRows` of ``menu`` on ``graph`` (the profiler's op graph; ``model`` its
+    :class:`RegionModel`, when the caller has one)."""
+    model = model or RegionModel(graph)
+    parts = [model.parts(choice) for choice in menu.choices]  # (recomputed, backward, trigger, held, overhead)
+    axis = _build_axis(model, parts)
+    trace = _Lifetimes(model, axis, _readers(model))
+    moves = _choice_moves(trace, parts)
+    constant_change = np.zeros(axis.events + 1, dtype=np.int64)
+    intervals = list(moves.intervals)
     shared: list[Shared] = []
-    for v in range(n):
-        born = at[v]
-        touched = set(removes.get(v, {})) | set(adds.get(v, {}))
-        if not touched or model.kept[v]:
-            if plain_last[v] > born:
-                constant_change[born + 1] += model.mem[v]
-                constant_change[plain_last[v] + 1] -= model.mem[v]
-            continue
-        all_removable = set().union(*removes.get(v, {}).values()) if removes.get(v) else set()
-        fixed = last_without(v, all_removable)
-        movers = {c for c, gone in removes.get(v, {}).items() if any(at[r] > fixed for r in gone)}
-        movers |= {c for c, latest in adds.get(v, {}).items() if latest > fixed}
-        if menu.one_clique(movers):
-            # One lifetime per choice (at most one of them is taken): exact as a per-choice delta.
-            if plain_last[v] > born:
-                constant_change[born + 1] += model.mem[v]
-                constant_change[plain_last[v] + 1] -= model.mem[v]
-            for c in movers:
-                last = max(last_without(v, removes.get(v, {}).get(c, set())), adds.get(v, {}).get(c, -1))
-                if last > plain_last[v]:
-                    intervals.append((plain_last[v] + 1, last, model.mem[v], c))
-                elif last < plain_last[v]:
-                    intervals.append((max(last, born) + 1, plain_last[v], -model.mem[v], c))
-            continue
-        if fixed > born:
-            constant_change[born + 1] += model.mem[v]
-            constant_change[fixed + 1] -= model.mem[v]
-        needs: dict[int, list] = {}
-        for r in readers[v]:
-            if at[r] <= fixed:
-                continue
-            who = tuple(sorted(c for c, gone in removes.get(v, {}).items() if r in gone))
-            needs.setdefault(at[r], []).append(("removable", frozenset(who)))
-        for c, latest in adds.get(v, {}).items():
-            if latest > fixed:
-                needs.setdefault(latest, []).append(("added", c))
-        # Added readers earlier than a choice's latest one never end the lifetime later than it: the latest is enough.
-        breaks = tuple(sorted(needs))
-        shared.append(Shared(v, model.mem[v], born, fixed, breaks, tuple(tuple(needs[p]) for p in breaks)))
-
-    constant = own + np.cumsum(constant_change[:-1])
+    for v in range(len(model.order)):
+        _result_rows(trace, moves, menu, v, constant_change, intervals, shared)
+    constant = axis.own + np.cumsum(constant_change[:-1])
     if intervals:
         starts, stops, amounts, choice_of = (np.array(column, dtype=np.int64) for column in zip(*intervals))
     else:
         starts = stops = amounts = choice_of = np.zeros(0, dtype=np.int64)
-    trigger_at = np.array([at[trigger] if slot_at[c] else -1 for c, (_, _, trigger, _, _) in enumerate(parts)],
+    trigger_at = np.array([axis.at[trigger] if axis.slot_at[c] else -1 for c, (_, _, trigger, _, _) in enumerate(parts)],
                           dtype=np.int64)
-    return PeakRows(menu, base_cost, cost, constant, owner, starts, stops, amounts, choice_of, shared, trigger_at, own)
+    return PeakRows(menu, model.peak_and_cost(())[1], _choice_costs(model, parts), constant, axis.owner,
+                    starts, stops, amounts, choice_of, shared, trigger_at, axis.own)
