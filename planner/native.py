@@ -527,7 +527,6 @@ def plan_native(model: torch.nn.Module, example_inputs, budget: Budget, loss_fn=
     refuse_wrapped(model)
     check_within_device(budget, budget.bytes, device_memory)
     bound = profiling_bound(budget, device_memory)
-    extra = wrapper_bytes(model, distributed)
     remove_native(model)  # re-planning a model planned before: trace its own forward
     # Profiling runs every op of the step: the measurements after it need no warm-up step (on CPU).
     warm = profile is None
@@ -535,100 +534,185 @@ def plan_native(model: torch.nn.Module, example_inputs, budget: Budget, loss_fn=
         # Single ops, the grouping the region search reads (``granularity`` groups the traced executor's).
         profile = native_profile(model, example_inputs, loss_fn, granularity="op", memory_bound=bound)
     _warn_if_above_bound(profile, bound, device_memory)
+    request = _understood(model, example_inputs, loss_fn, budget, profile, time_limit, measure, distributed,
+                          policies, optimizer, device_memory, clock, warm)
+    resolved = _resolved_budget(request, bound)
+    solved, held, measured, solving = _search_measure_repair(request, resolved)
+    plan = _built_plan(request, resolved, solved, held, measured, solving)
+    if measure:
+        _check_times(plan, model, example_inputs, loss_fn)
+    plan.input_shapes = input_shapes(*normalise_inputs(example_inputs))
+    return plan
+
+
+@dataclass(frozen=True)
+class _NativeRequest:
+    """One :func:`plan_native` call understood once: the model, its profile priced by the clock, the
+    un-checkpointed step's evaluation and the bytes held beside any plan's activations."""
+
+    model: torch.nn.Module
+    example_inputs: object
+    loss_fn: object
+    budget: Budget
+    profile: profiler.Profile
+    op_graph: nx.DiGraph
+    time_limit: float | None
+    measure: bool
+    distributed: object
+    policies: Sequence[str]
+    device_memory: int | None
+    warm: bool  # profiled in this process just now: the measurements need no warm-up step (on CPU)
+    iteration: IterationMemory
+    unplanned: RegionPlan  # the un-checkpointed step, evaluated
+    extra_bytes: int  # the wrapper's bytes (no regions) and the optimizer's state
+    fixed_bytes: int  # parameters, buffers, inputs, plus ``extra_bytes``
+
+
+@dataclass(frozen=True)
+class _ResolvedBudget:
+    """The budget in bytes, and the un-checkpointed step it was resolved against (bytes)."""
+
+    budget_bytes: int
+    unplanned_peak: int
+    eager: object  # the eager step measured (its peak with the wrapper and the iteration), or None
+    predicted_only: bool  # "N%" taken of the predicted un-checkpointed peak (it does not fit the device)
+
+
+def _understood(model, example_inputs, loss_fn, budget: Budget, profile: profiler.Profile, time_limit, measure: bool,
+                distributed, policies: Sequence[str], optimizer, device_memory: int | None, clock: bool,
+                warm: bool) -> _NativeRequest:
+    """The request with the profile's op graph priced (or not) by the checkpoint clock, and the bytes
+    held besides the activations: the wrapper's and the optimizer's state (planner/optimizer.py)."""
+    from solvers.regions import evaluate
+
+    extra = wrapper_bytes(model, distributed)
     op_graph = profile.regroup("op").graph
     if not clock:
         op_graph.graph.pop(checkpoint_clock.KEY, None)
     else:
         checkpoint_clock.price(op_graph, model, example_inputs, policies, fit=measure)
     fixed = _fixed_bytes(op_graph) + extra
-    from solvers.regions import evaluate
-
     unplanned = evaluate(op_graph, ())
     # The optimizer's state is held like the parameters; its step's peak bounds every plan's from below.
     iteration = iteration_memory(optimizer, model, profile, fixed + held_at_the_end(unplanned.graph, unplanned.schedule))
-    extra += iteration.state_bytes
-    fixed += iteration.state_bytes
-    unplanned_peak = iteration.peak(fixed + unplanned.outcome.peak_bytes)
+    return _NativeRequest(model, example_inputs, loss_fn, budget, profile, op_graph, time_limit, measure, distributed,
+                          policies, device_memory, warm, iteration, unplanned,
+                          extra_bytes=extra + iteration.state_bytes, fixed_bytes=fixed + iteration.state_bytes)
+
+
+def _resolved_budget(request: _NativeRequest, bound: int | None) -> _ResolvedBudget:
+    """The budget in bytes: ``"N%"`` of the eager step's measured peak where it is measured, else of
+    the predicted one; refused when below the optimizer's step or above the device."""
+    budget, iteration = request.budget, request.iteration
+    unplanned_peak = iteration.peak(request.fixed_bytes + request.unplanned.outcome.peak_bytes)
     eager = None
     predicted_only = budget.percent is not None and not predicted_step_fits(unplanned_peak, bound)
-    if measure and budget.percent is not None and not predicted_only:
+    if request.measure and budget.percent is not None and not predicted_only:
         # "N%" is of the eager step's measured peak (docs/native.md, "Which step '100%' is").
         # Its peak alone (its time is not used: the plan's own step is timed) where profiling warmed up.
-        eager = measure_native(model, (), example_inputs, loss_fn, repeats=0 if warm else 1, warm_up=not warm)
-        eager = replace(eager, peak_bytes=iteration.peak(eager.peak_bytes + extra))
+        eager = measure_native(request.model, (), request.example_inputs, request.loss_fn,
+                               repeats=0 if request.warm else 1, warm_up=not request.warm)
+        eager = replace(eager, peak_bytes=iteration.peak(eager.peak_bytes + request.extra_bytes))
         unplanned_peak = eager.peak_bytes
     budget_bytes = budget.resolve(unplanned_peak)
     if step_over_budget(iteration, str(budget), budget_bytes):
         raise Infeasible(step_over_budget(iteration, str(budget), budget_bytes), min_budget=iteration.step_peak_bytes,
                          method=METHOD)
-    check_within_device(budget, budget_bytes, device_memory)
+    check_within_device(budget, budget_bytes, request.device_memory)
+    return _ResolvedBudget(budget_bytes, unplanned_peak, eager, predicted_only)
+
+
+def _measured_regions(request: _NativeRequest, regions):
+    """The step with ``regions`` checkpointed, measured, its peak with the wrapper and the iteration."""
+    measured = measure_native(request.model, regions, request.example_inputs, request.loss_fn,
+                              warm_up=not request.warm)
+    return replace(measured, peak_bytes=request.iteration.peak(
+        measured.peak_bytes + wrapper_bytes(request.model, request.distributed, regions)
+        + request.iteration.state_bytes))
+
+
+def _search_measure_repair(request: _NativeRequest, resolved: _ResolvedBudget):
+    """``(solved, held, measured, solving seconds)``: the search's plan for the budget, measured, and
+    searched again for less by what the measurement missed (at most :data:`REPAIRS` times)."""
+    from solvers.regions import evaluate
+
+    budget_bytes, eager = resolved.budget_bytes, resolved.eager
+    # The un-checkpointed step measured within the budget needs nothing, whatever the prediction says
+    # (a few bytes above the measurement on a tiny model made "100%" infeasible).
+    if eager is not None and eager.peak_bytes <= budget_bytes:
+        if eager.runs == 0:  # the plan is the eager step: time it
+            eager = replace(measure_native(request.model, (), request.example_inputs, request.loss_fn, warm_up=False),
+                            peak_bytes=eager.peak_bytes)
+        return evaluate(request.op_graph, ()), request.fixed_bytes, eager, 0.0
     target = budget_bytes
     measured = None
     solving = 0.0  # seconds in the search, the measurements apart
-    # The un-checkpointed step measured within the budget needs nothing, whatever the prediction says
-    # (a few bytes above the measurement on a tiny model made "100%" infeasible).
-    attempts = 0 if eager is not None and eager.peak_bytes <= budget_bytes else REPAIRS + 1
-    if attempts == 0:
-        if eager.runs == 0:  # the plan is the eager step: time it
-            eager = replace(measure_native(model, (), example_inputs, loss_fn, warm_up=False),
-                            peak_bytes=eager.peak_bytes)
-        solved, held, measured = evaluate(op_graph, ()), fixed, eager
-    for _ in range(attempts):
+    for _ in range(REPAIRS + 1):
         try:
             search_started = time.perf_counter()
-            solved, held = solve_native(profile, model, target, time_limit, extra_bytes=iteration.state_bytes,
-                                        distributed=distributed, policies=policies)
+            solved, held = solve_native(request.profile, request.model, target, request.time_limit,
+                                        extra_bytes=request.iteration.state_bytes, distributed=request.distributed,
+                                        policies=request.policies)
             solving += time.perf_counter() - search_started
         except Infeasible as error:
-            minimum = error.min_budget  # whole-step bytes (solve_native)
-            minimum = None if minimum is None else iteration.peak(minimum)
-            # Measured only where the least plan's predicted peak is within the device too.
-            near_miss = measure and (device_memory is None or (minimum or 0) <= device_memory)
-            least = _least_if_it_measures_within(profile, model, example_inputs, loss_fn, distributed, policies,
-                                                 budget_bytes, minimum, near_miss, time_limit, warm_up=not warm,
-                                                 iteration=iteration)
-            if least is not None:
-                solved, held, measured = least
-                break
-            if measure and measured is None:
-                # The least plan can be predicted above the eager step as it measures (a stacked LSTM
-                # without inter-layer dropout: least 5,851,200 B, eager 5,785,664 B): the eager step
-                # is a plan too, and the least budget is never above it.
-                eager = _eager_timed(model, example_inputs, loss_fn, extra, eager, warm_up=not warm)
-                if eager.peak_bytes <= budget_bytes:
-                    solved, held, measured = evaluate(op_graph, ()), fixed, eager
-                    break
-                minimum = eager.peak_bytes if minimum is None else min(minimum, eager.peak_bytes)
-            if measured is not None:  # a repair asked for less than the budget: the least is not the user's
-                raise Infeasible(_measured_over(budget, budget_bytes, measured.peak_bytes, target),
-                                 min_budget=measured.peak_bytes, method=METHOD) from None
-            raise Infeasible(
-                f"budget {budget} ({format_bytes(budget_bytes)}) is below the least that checkpointing the model's "
-                f"modules reaches" + (f": {format_bytes(minimum)} ({minimum} bytes; parameters, buffers and inputs take "
-                                      f"{format_bytes(fixed)} of it)" if minimum else "")
-                + _cache_hint(model, profile), min_budget=minimum, method=METHOD) from None
-        if not measure:
-            break
-        measured = measure_native(model, solved.regions, example_inputs, loss_fn, warm_up=not warm)
-        measured = replace(measured, peak_bytes=iteration.peak(
-            measured.peak_bytes + wrapper_bytes(model, distributed, solved.regions) + iteration.state_bytes))
+            return (*_least_or_refusal(request, error, budget_bytes, eager, measured, target), solving)
+        if not request.measure:
+            return solved, held, None, solving
+        measured = _measured_regions(request, solved.regions)
         if measured.peak_bytes <= budget_bytes:
-            break
+            return solved, held, measured, solving
         target -= measured.peak_bytes - budget_bytes  # the prediction missed by this much: ask for less
-    if attempts and measured is not None and measured.peak_bytes > budget_bytes:
-        raise Infeasible(_measured_over(budget, budget_bytes, measured.peak_bytes, target),
-                         min_budget=measured.peak_bytes, method=METHOD)
-    plan = _native_plan(model, profile, solved, held, budget, budget_bytes, unplanned_peak,
-                        unplanned.outcome.compute_cost, measured, solving)
+    raise Infeasible(_measured_over(request.budget, budget_bytes, measured.peak_bytes, target),
+                     min_budget=measured.peak_bytes, method=METHOD)
+
+
+def _least_or_refusal(request: _NativeRequest, error: Infeasible, budget_bytes: int, eager, measured, target: int):
+    """``(solved, held, measured)`` where the search found nothing for ``target``: the least plan when
+    it measures within the budget, else the eager step when it does; otherwise the refusal, naming
+    the least budget in whole-step bytes."""
+    from solvers.regions import evaluate
+
+    model, iteration = request.model, request.iteration
+    minimum = error.min_budget  # whole-step bytes (solve_native)
+    minimum = None if minimum is None else iteration.peak(minimum)
+    # Measured only where the least plan's predicted peak is within the device too.
+    near_miss = request.measure and (request.device_memory is None or (minimum or 0) <= request.device_memory)
+    least = _least_if_it_measures_within(request.profile, model, request.example_inputs, request.loss_fn,
+                                         request.distributed, request.policies, budget_bytes, minimum, near_miss,
+                                         request.time_limit, warm_up=not request.warm, iteration=iteration)
+    if least is not None:
+        return least
+    if request.measure and measured is None:
+        # The least plan can be predicted above the eager step as it measures (a stacked LSTM
+        # without inter-layer dropout: least 5,851,200 B, eager 5,785,664 B): the eager step
+        # is a plan too, and the least budget is never above it.
+        eager = _eager_timed(model, request.example_inputs, request.loss_fn, request.extra_bytes, eager,
+                             warm_up=not request.warm)
+        if eager.peak_bytes <= budget_bytes:
+            return evaluate(request.op_graph, ()), request.fixed_bytes, eager
+        minimum = eager.peak_bytes if minimum is None else min(minimum, eager.peak_bytes)
+    if measured is not None:  # a repair asked for less than the budget: the least is not the user's
+        raise Infeasible(_measured_over(request.budget, budget_bytes, measured.peak_bytes, target),
+                         min_budget=measured.peak_bytes, method=METHOD) from None
+    raise Infeasible(
+        f"budget {request.budget} ({format_bytes(budget_bytes)}) is below the least that checkpointing the model's "
+        f"modules reaches" + (f": {format_bytes(minimum)} ({minimum} bytes; parameters, buffers and inputs take "
+                              f"{format_bytes(request.fixed_bytes)} of it)" if minimum else "")
+        + _cache_hint(model, request.profile), min_budget=minimum, method=METHOD) from None
+
+
+def _built_plan(request: _NativeRequest, resolved: _ResolvedBudget, solved: RegionPlan, held: int, measured,
+                solving: float) -> NativePlan:
+    """The :class:`NativePlan` for the solved regions, with the wrapper's and the iteration's figures."""
+    model, distributed, iteration = request.model, request.distributed, request.iteration
+    plan = _native_plan(model, request.profile, solved, held, request.budget, resolved.budget_bytes,
+                        resolved.unplanned_peak, request.unplanned.outcome.compute_cost, measured, solving)
     plan.distributed = describe_distributed(model, distributed)
     plan.wrapper_bytes = wrapper_bytes(model, distributed, solved.regions)
     plan.predicted_peak_bytes = iteration.peak(plan.predicted_peak_bytes)
     plan.optimizer = iteration.optimizer or None
     plan.optimizer_state_bytes, plan.optimizer_step_peak_bytes = iteration.state_bytes, iteration.step_peak_bytes
-    plan.unplanned_peak_predicted = predicted_only
-    if measure:
-        _check_times(plan, model, example_inputs, loss_fn)
-    plan.input_shapes = input_shapes(*normalise_inputs(example_inputs))
+    plan.unplanned_peak_predicted = resolved.predicted_only
     return plan
 
 
