@@ -297,62 +297,86 @@ class StagedForward:
 
     def __call__(self, input, hx=None):
         rnn = self.module
-        stages = rnn._modules[self.name]
-        if self.name != STAGES and isinstance(input, PackedSequence):
+        packed = isinstance(input, PackedSequence)
+        if packed and self.name != STAGES:
             raise ValueError("an RNN staged in time chunks takes padded tensors, not a PackedSequence: "
                              "plan without time chunks for packed sequences")
         update = getattr(rnn, "_update_flat_weights", None)
         if update is not None:
             update()
-        lstm = rnn.mode == "LSTM"
-        directions = 2 if rnn.bidirectional else 1
-        hidden_size = rnn.proj_size if rnn.proj_size > 0 else rnn.hidden_size
-        packed = isinstance(input, PackedSequence)
-        batch_sizes = sorted_indices = unsorted_indices = None
-        is_batched = True
+        if packed and is_fake(input.batch_sizes):
+            # Traced with fake tensors, a packed batch's sizes are data (made from the lengths the
+            # model was given): each layer's size would be a guard on data (GuardOnDataDependentSymNode).
+            # The RNN is left whole: its class forward, as the model wrote it.
+            return left_whole(rnn, input, hx)
         if packed:
-            data, batch_sizes, sorted_indices, unsorted_indices = input
-            if is_fake(batch_sizes):
-                # Traced with fake tensors, a packed batch's sizes are data (made from the lengths the
-                # model was given): each layer's size would be a guard on data (GuardOnDataDependentSymNode).
-                # The RNN is left whole: its class forward, as the model wrote it.
-                return left_whole(rnn, input, hx)
-            batch = int(batch_sizes[0])
-        else:
-            if input.dim() not in (2, 3):
-                raise ValueError(f"{type(rnn).__name__}: Expected input to be 2D or 3D, got {input.dim()}D instead")
-            is_batched = input.dim() == 3
-            if not is_batched:
-                input = input.unsqueeze(0 if rnn.batch_first else 1)
-            batch = input.size(0) if rnn.batch_first else input.size(1)
-            data = input
-        if hx is None:
-            # The sizes as separate arguments, as nn.LSTM passes them: a packed batch's size is a tensor.
-            layers = rnn.num_layers * directions
-            h = torch.zeros(layers, batch, hidden_size, dtype=data.dtype, device=data.device)
-            hx = (h, torch.zeros(layers, batch, rnn.hidden_size, dtype=data.dtype, device=data.device)) if lstm else h
-        else:
-            states = hx if lstm else (hx,)
-            want = 3 if is_batched else 2
-            if any(s.dim() != want for s in states):
-                raise RuntimeError(f"For {'batched 3-D' if is_batched else 'unbatched 2-D'} input, hx should also be "
-                                   f"{want}-D but got {', '.join(f'{s.dim()}-D' for s in states)} tensors")
-            if not is_batched:
-                hx = tuple(s.unsqueeze(1) for s in hx) if lstm else hx.unsqueeze(1)
-            hx = rnn.permute_hidden(hx, sorted_indices)
-        rnn.check_forward_args(data, hx, batch_sizes)
-        x = data.transpose(0, 1) if rnn.batch_first and not packed else data
-        x, *hidden = stages(x, hx, rnn._flat_weights, rnn.dropout, rnn.bias, rnn.training, rnn.bidirectional,
-                            batch_sizes)
-        hidden = tuple(hidden) if lstm else hidden[0]
-        if packed:
-            return PackedSequence(x, batch_sizes, sorted_indices, unsorted_indices), \
-                rnn.permute_hidden(hidden, unsorted_indices)
-        output = x.transpose(0, 1) if rnn.batch_first else x
-        if not is_batched:
-            output = output.squeeze(0 if rnn.batch_first else 1)
-            hidden = tuple(s.squeeze(1) for s in hidden) if lstm else hidden.squeeze(1)
-        return output, rnn.permute_hidden(hidden, unsorted_indices)
+            return _run_packed(rnn, self.name, input, hx)
+        return _run_padded(rnn, self.name, input, hx)
+
+
+def _run_packed(rnn: nn.RNNBase, name: str, input: PackedSequence, hx):
+    """The stages on a packed sequence's data, left whole (the kernel's packed form, per layer);
+    returns a PackedSequence and the final states in the caller's batch order, as the class forward."""
+    data, batch_sizes, sorted_indices, unsorted_indices = input
+    hx = _zero_states(rnn, data, int(batch_sizes[0])) if hx is None else \
+        _given_states(rnn, hx, True, sorted_indices)
+    rnn.check_forward_args(data, hx, batch_sizes)
+    x, hidden = _run_stages(rnn, name, data, hx, batch_sizes)
+    return PackedSequence(x, batch_sizes, sorted_indices, unsorted_indices), rnn.permute_hidden(hidden, unsorted_indices)
+
+
+def _run_padded(rnn: nn.RNNBase, name: str, input: torch.Tensor, hx):
+    """The stages on a padded (batched 3-D or unbatched 2-D) input, time-major inside as the stacked
+    kernel runs it; returns the output and final states in the caller's layout."""
+    if input.dim() not in (2, 3):
+        raise ValueError(f"{type(rnn).__name__}: Expected input to be 2D or 3D, got {input.dim()}D instead")
+    is_batched = input.dim() == 3
+    if not is_batched:
+        input = input.unsqueeze(0 if rnn.batch_first else 1)
+    batch = input.size(0) if rnn.batch_first else input.size(1)
+    hx = _zero_states(rnn, input, batch) if hx is None else _given_states(rnn, hx, is_batched, None)
+    rnn.check_forward_args(input, hx, None)
+    x = input.transpose(0, 1) if rnn.batch_first else input
+    x, hidden = _run_stages(rnn, name, x, hx, None)
+    output = x.transpose(0, 1) if rnn.batch_first else x
+    if not is_batched:
+        output = output.squeeze(0 if rnn.batch_first else 1)
+        hidden = tuple(s.squeeze(1) for s in hidden) if rnn.mode == "LSTM" else hidden.squeeze(1)
+    return output, rnn.permute_hidden(hidden, None)
+
+
+def _zero_states(rnn: nn.RNNBase, data: torch.Tensor, batch: int):
+    """The class forward's default initial states: zeros, ``(h, c)`` for an LSTM (``h`` of the
+    projection's size when it has one), else ``h``."""
+    # The sizes as separate arguments, as nn.LSTM passes them: a packed batch's size is a tensor.
+    layers = rnn.num_layers * (2 if rnn.bidirectional else 1)
+    hidden_size = rnn.proj_size if rnn.proj_size > 0 else rnn.hidden_size
+    h = torch.zeros(layers, batch, hidden_size, dtype=data.dtype, device=data.device)
+    if rnn.mode != "LSTM":
+        return h
+    return h, torch.zeros(layers, batch, rnn.hidden_size, dtype=data.dtype, device=data.device)
+
+
+def _given_states(rnn: nn.RNNBase, hx, is_batched: bool, sorted_indices):
+    """The caller's initial states checked (the class forward's error), batched and in the packed
+    batch's sorted order."""
+    lstm = rnn.mode == "LSTM"
+    states = hx if lstm else (hx,)
+    want = 3 if is_batched else 2
+    if any(s.dim() != want for s in states):
+        raise RuntimeError(f"For {'batched 3-D' if is_batched else 'unbatched 2-D'} input, hx should also be "
+                           f"{want}-D but got {', '.join(f'{s.dim()}-D' for s in states)} tensors")
+    if not is_batched:
+        hx = tuple(s.unsqueeze(1) for s in hx) if lstm else hx.unsqueeze(1)
+    return rnn.permute_hidden(hx, sorted_indices)
+
+
+def _run_stages(rnn: nn.RNNBase, name: str, x: torch.Tensor, hx, batch_sizes):
+    """The layers in order on a time-major input (or packed data): ``(output, h)`` or, for an LSTM,
+    ``(output, (h, c))``, the states concatenated over the layers."""
+    x, *hidden = rnn._modules[name](x, hx, rnn._flat_weights, rnn.dropout, rnn.bias, rnn.training,
+                                    rnn.bidirectional, batch_sizes)
+    return x, (tuple(hidden) if rnn.mode == "LSTM" else hidden[0])
 
 
 __all__ = ["RNNChunkStage", "RNNLayerStage", "RNNStages", "STAGES", "StagedForward", "container_name", "install_for_regions",
