@@ -539,7 +539,8 @@ def plan_native(model: torch.nn.Module, example_inputs, budget: Budget, loss_fn=
     resolved = _resolved_budget(request, bound)
     solved, held, measured, solving = _search_measure_repair(request, resolved)
     plan = _built_plan(request, resolved, solved, held, measured, solving)
-    if measure:
+    # The pairing runs the un-checkpointed step: only where it fits the device.
+    if measure and predicted_step_fits(resolved.unplanned_peak, device_memory):
         _check_times(plan, model, example_inputs, loss_fn)
     plan.input_shapes = input_shapes(*normalise_inputs(example_inputs))
     return plan
@@ -727,6 +728,8 @@ def _warn_if_above_bound(profile: profiler.Profile, bound: int | None, device_me
     warnings.warn(f"profiling held {format_bytes(held)}, above {where} ({format_bytes(bound)}): one op of the step, "
                   "with the parameters and inputs, needs that much at once; the plan's step needs it too",
                   PlanWarning, stacklevel=3)
+
+
 def _eager_timed(model, example_inputs, loss_fn, extra: int, eager, warm_up: bool):
     """The un-checkpointed step measured and timed (``eager`` again when it was timed already), its
     peak with the wrapper's ``extra`` bytes."""

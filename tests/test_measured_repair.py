@@ -70,7 +70,7 @@ def test_a_near_miss_measures_the_least_plan_without_save_policies_too(monkeypat
     import planner.native as native
     from profiler.memory import StepMeasurement
 
-    def solve(profile, model, budget, time_limit, distributed=None, policies=()):
+    def solve(profile, model, budget, time_limit, extra_bytes=0, distributed=None, policies=()):
         return (_Regions(("merge.2@matmuls",) if policies else ("merge.2",)), 0)
 
     def measure(model, regions, inputs, loss_fn, warm_up=True):
