@@ -533,12 +533,12 @@ def plan_native(model: torch.nn.Module, example_inputs, budget: Budget, loss_fn=
     if profile is None:
         # Single ops, the grouping the region search reads (``granularity`` groups the traced executor's).
         profile = native_profile(model, example_inputs, loss_fn, granularity="op", memory_bound=bound)
-    _warn_if_above_bound(profile, bound, device_memory)
     request = _understood(model, example_inputs, loss_fn, budget, profile, time_limit, measure, distributed,
                           policies, optimizer, device_memory, clock, warm)
     resolved = _resolved_budget(request, bound)
     solved, held, measured, solving = _search_measure_repair(request, resolved)
     plan = _built_plan(request, resolved, solved, held, measured, solving)
+    _warn_if_above_bound(profile, bound, device_memory)  # of a plan made: a refusal says what it needs itself
     # The pairing runs the un-checkpointed step: only where it fits the device.
     if measure and predicted_step_fits(resolved.unplanned_peak, device_memory):
         _check_times(plan, model, example_inputs, loss_fn)
