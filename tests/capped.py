@@ -1,8 +1,10 @@
 """Run Python in a subprocess whose address space is capped: the CPU's stand-in for a smaller device.
 
 The cap is measured from the subprocess's own baseline: after torch, transformers and the planner
-are imported and a tiny GPT-2 has been planned once (torch's tracer imports much of itself lazily on
-first use: code, not memory a device would hold), ``RLIMIT_AS`` is set to the mapped size then
+are imported and a tiny GPT-2 has been planned once at 80% of its peak, so that it checkpoints
+(torch's tracer imports much of itself lazily on first use, and so do the exact native search's
+HiGHS and the checkpoint clock's calibration: code and thread stacks, not memory a device would
+hold), ``RLIMIT_AS`` is set to the mapped size then
 (``VmSize``) plus ``cap_bytes``. One thread; ``MALLOC_ARENA_MAX=2`` (each glibc arena reserves 64 MiB
 of address space); ``MALLOC_MMAP_THRESHOLD_=131072``: glibc otherwise raises its mmap threshold as
 large blocks are freed and then keeps freed blocks in its heap, which holds address space no
@@ -45,8 +47,8 @@ def cap(cap_bytes):
 def result(**figures):
     print("RESULT " + json.dumps(figures), flush=True)
 
-_tiny = gpt2(layers=1, embd=32, heads=2, vocab=100, positions=16)
-planner.plan(_tiny, gpt2_inputs(batch=2, tokens=16, vocab=100), "50MB", loss_fn=hf_loss)
+_tiny = gpt2(layers=2, embd=32, heads=2, vocab=100, positions=16)
+planner.plan(_tiny, gpt2_inputs(batch=8, tokens=16, vocab=100), "80%", loss_fn=hf_loss)
 del _tiny
 """
 

@@ -14,7 +14,7 @@ def test_a_budget_below_the_fixed_bytes_names_the_least_budget_and_it_plans(tmp_
     out = tmp_path / "plan.json"
     result = run(model_file(tmp_path), "--budget", "1KB", "--out", out)
     assert_clean_error(result, 3, "below the least that checkpointing the model's modules reaches: ")
-    least = re.search(r"\((\d+) bytes\)", result.stderr)
+    least = re.search(r"\((\d+) bytes[;)]", result.stderr)
     assert least, result.stderr
     assert not out.exists()
     again = run(model_file(tmp_path), "--budget", least.group(1), "--out", out, "--json")
