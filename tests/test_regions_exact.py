@@ -277,7 +277,7 @@ def test_at_the_time_limit_the_heuristic_plan_comes_with_its_gap(gpt2_op_graph, 
     graph, candidates, _ = gpt2_op_graph
     budget = int(0.6 * evaluate(graph, ()).outcome.peak_bytes)
     monkeypatch.setattr(milp.RegionMilp, "solve", lambda self, seconds: milp.Outcome(None, proven=False))
-    plan = solve_regions_exact(graph, budget, candidates, {}, time_limit=60)
+    plan = solve_regions_exact(graph, budget, candidates, {}, time_limit=2)  # runs to its limit: nothing is ever proven
     info = plan.schedule.info
     assert info.status == "feasible" and info.gap is not None and info.gap > 0
     assert plan.outcome.peak_bytes <= budget
