@@ -235,10 +235,12 @@ class MoE(nn.Module):
 
 
 class MoEModel(nn.Module):
+    moe: type = MoE  # the mixture each layer holds after its norm
+
     def __init__(self, layers: int = 3, width: int = 32):
         super().__init__()
         self.embed = nn.Linear(16, width)
-        self.layers = nn.ModuleList(nn.Sequential(nn.LayerNorm(width), MoE(width)) for _ in range(layers))
+        self.layers = nn.ModuleList(nn.Sequential(nn.LayerNorm(width), self.moe(width)) for _ in range(layers))
         self.head = nn.Linear(width, 4)
 
     def forward(self, x):
@@ -253,18 +255,12 @@ def _moe():
     return MoEModel(), (torch.randn(8, 64, 16, generator=torch.Generator().manual_seed(1)),), _mse
 
 
-class SparseMoE(nn.Module):
+class SparseMoE(MoE):
     """A mixture of experts with top-k routing as MoE layers run it: each expert computes only the
     tokens routed to it (gathered by their indices, its weighted output added back by index), and an
     expert no token chose is skipped. Shapes depend on the routing (``nonzero``) and so does the
-    control flow: the tracer cannot follow it (the plan is made from an eager step)."""
-
-    def __init__(self, width: int = 32, experts: int = 4, k: int = 2, hidden: int = 64):
-        super().__init__()
-        self.k = k
-        self.gate = nn.Linear(width, experts)
-        self.experts = nn.ModuleList(nn.Sequential(nn.Linear(width, hidden), nn.GELU(), nn.Dropout(0.1),
-                                                   nn.Linear(hidden, width)) for _ in range(experts))
+    control flow: the tracer cannot follow it (the plan is made from an eager step). The same
+    parameters as :class:`MoE`."""
 
     def forward(self, x):
         flat = x.reshape(-1, x.shape[-1])
@@ -279,18 +275,8 @@ class SparseMoE(nn.Module):
         return x + out.reshape(x.shape)
 
 
-class SparseMoEModel(nn.Module):
-    def __init__(self, layers: int = 3, width: int = 32):
-        super().__init__()
-        self.embed = nn.Linear(16, width)
-        self.layers = nn.ModuleList(nn.Sequential(nn.LayerNorm(width), SparseMoE(width)) for _ in range(layers))
-        self.head = nn.Linear(width, 4)
-
-    def forward(self, x):
-        x = self.embed(x)
-        for layer in self.layers:
-            x = layer(x)
-        return self.head(x)
+class SparseMoEModel(MoEModel):
+    moe = SparseMoE
 
 
 def _sparse_moe():
