@@ -20,6 +20,8 @@ import torch
 
 from profiler.capture import autocast_state
 
+from .hooks import remove_pre_hook
+
 _CHECK = "_native_autocast_check"
 
 
@@ -74,12 +76,8 @@ def install_autocast_check(model: torch.nn.Module, planned: str, figures: str) -
 
 
 def remove_autocast_check(model: torch.nn.Module) -> None:
-    """Undo :func:`install_autocast_check` (no handle kept: ``torch.save`` of the model would fail on
-    a RemovableHandle's weak reference)."""
-    for key, hook in list(model._forward_pre_hooks.items()):
-        if hook is _check_autocast:
-            del model._forward_pre_hooks[key]
-            model._forward_pre_hooks_with_kwargs.pop(key, None)
+    """Undo :func:`install_autocast_check`."""
+    remove_pre_hook(model, _check_autocast)
     model.__dict__.pop(_CHECK, None)
 
 

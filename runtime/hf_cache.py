@@ -26,6 +26,8 @@ import warnings
 
 import torch
 
+from .hooks import remove_pre_hook
+
 NOTICE = ("use_cache=True is incompatible with activation checkpointing: the key/value cache is off in training "
           "(use_cache=False), as Hugging Face's gradient_checkpointing_enable() does; eval and generation keep it")
 
@@ -133,12 +135,8 @@ def has_cache_off(model: torch.nn.Module) -> bool:
 
 
 def remove_cache_off(model: torch.nn.Module) -> None:
-    """Undo :func:`install_cache_off`. No handle is kept: a RemovableHandle holds a weak reference,
-    and ``torch.save`` of the model would fail on it."""
-    for key, hook in list(model._forward_pre_hooks.items()):
-        if hook is _cache_off_in_training:
-            del model._forward_pre_hooks[key]
-            model._forward_pre_hooks_with_kwargs.pop(key, None)
+    """Undo :func:`install_cache_off`."""
+    remove_pre_hook(model, _cache_off_in_training)
 
 
 __all__ = ["CacheOffInTraining", "NOTICE", "cache_off_while_planning", "caches_in_training", "has_cache_off",

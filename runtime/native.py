@@ -51,6 +51,7 @@ from .autocast_check import install_autocast_check, remove_autocast_check
 from .compile_notice import quiet_for_save_policies
 from .guards import fsdp2_sharded
 from .hf_cache import install_cache_off, remove_cache_off
+from .hooks import remove_pre_hook
 from .rnn import install_for_regions, remove_rnn_stages
 from .save_policies import SavePolicy
 
@@ -280,11 +281,7 @@ def remove_native(model: torch.nn.Module) -> torch.nn.Module:
     remove_rnn_stages(model)
     remove_cache_off(model)
     remove_autocast_check(model)
-    # No handle is kept (a RemovableHandle holds a weak reference: torch.save of the model would fail).
-    for key, hook in list(model._forward_pre_hooks.items()):
-        if hook is _check_shapes:
-            del model._forward_pre_hooks[key]
-            model._forward_pre_hooks_with_kwargs.pop(key, None)
+    remove_pre_hook(model, _check_shapes)
     model.__dict__.pop(_GUARD, None)
     model.__dict__.pop(PLAN_ATTRIBUTE, None)
     return model
