@@ -195,7 +195,7 @@ def main() -> None:
         "a step with the plan applied over eager's, eager and every plan stepped in turn in each round, the median "
         "of the rounds' ratios (quartiles in brackets). `priced by the clock`: the same regions priced by the new "
         "clock. Regions: `h.3` a block checkpointed whole, `@M` under `matmuls`, `@P` under `projections`, `+d` "
-        "keeping dropout's draws (solvers/regions.py SAVE_POLICIES).",
+        "keeping dropout's draws (solvers/regions/policies.py SAVE_POLICIES).",
         "",
     ]
     footer = ["", "The clock's figures (planner/checkpoint_clock.py: synthetic per-call figure, per-op rates fitted "

@@ -1,6 +1,6 @@
 """Predicted against measured peaks of native plans (docs/native.md, "Measured, then repaired").
 
-For each case: the regions' predicted peak (solvers/regions.py on the profile's op graph, the
+For each case: the regions' predicted peak (solvers/regions/ on the profile's op graph, the
 wrapper-free step) and the peak of one measured training step with those regions checkpointed
 (runtime/native.py, allocator events). No repair: this measures the prediction itself.
 

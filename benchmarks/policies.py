@@ -5,7 +5,7 @@ For the benchmark GPT-2 (benchmarks/models.py ``gpt2``), BERT (``bert``) and a s
 ``attention_dropout=0.0``), each with the attention implementation it gets by default on CPU
 (``sdpa``) and with ``attn_implementation="eager"``, on ``token_batch()`` (4 x 256 tokens), at 40%,
 50% and 60% (the Llama at 70% and 80% too): the native planner (``planner.native.plan_native``, what
-``planner.plan`` runs) once with every policy of solvers/regions.py ``SAVE_POLICIES`` and once with
+``planner.plan`` runs) once with every policy of solvers/regions/policies.py ``SAVE_POLICIES`` and once with
 ``matmuls`` alone (``policies=("matmuls",)``). Both on one profile per model (``planner.profile_for``).
 
 Reported: the regions; the predicted and measured peak (the plan's own measurement,
@@ -205,7 +205,7 @@ def main() -> None:
         "shared with other jobs). Each model planned with every save policy (`all`) and with `matmuls` alone, on one "
         "profile; budgets as `planner.plan`'s `\"N%\"`, of the eager step's measured peak. Regions: `h.3` a "
         "block checkpointed whole, `@M` under `matmuls`, `@P` under `projections`, `+draws` keeping dropout's "
-        "random draws as well (solvers/regions.py "
+        "random draws as well (solvers/regions/policies.py "
         "SAVE_POLICIES; docs/native.md, \"Save policies\"). Measured peak: the plan's own measurement (one step, "
         "the allocator's events). Measured step: CPU time over eager's, stepped in turn, median of the rounds.",
         "",

@@ -121,7 +121,7 @@ class Row:
 
 # -- the zoo -------------------------------------------------------------------------------------------
 # Why the native executor refuses a budget (measured: docs/zoo.md). A native region is a module
-# whose call the checkpoint recomputes; runtime/native.py and solvers/regions.py leave out modules
+# whose call the checkpoint recomputes; runtime/native.py and solvers/regions/ leave out modules
 # that compute a model output or are called more than once.
 # Decoders at their default config (use_cache on) are planned with the cache off in training, as
 # gradient_checkpointing_enable() trains them (runtime/hf_cache.py); before, their attention blocks

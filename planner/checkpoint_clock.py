@@ -1,6 +1,6 @@
 """The native planner's clock: what ``torch.utils.checkpoint`` itself costs, put on the op graph.
 
-solvers/regions.py prices a region as its recomputed ops plus :func:`solvers.regions.checkpoint_overhead`,
+solvers/regions/costs.py prices a region as its recomputed ops plus :func:`solvers.regions.checkpoint_overhead`,
 at the rates in ``graph.graph["checkpoint_costs"]``. This module measures those rates on the
 model's device (profiler/checkpoint_cost.py) and writes them there: the synthetic figures once per
 process and device (cached), then, when the planner may measure, the per-op rates fitted to one of
@@ -99,7 +99,7 @@ def measure_costs(model: torch.nn.Module, example_inputs, graph: nx.DiGraph, pol
 
 
 def annotate(graph: nx.DiGraph, costs: CheckpointCosts) -> None:
-    """Put ``costs`` where solvers/regions.py reads them."""
+    """Put ``costs`` where solvers/regions/costs.py reads them."""
     graph.graph[KEY] = costs.as_graph_data()
 
 

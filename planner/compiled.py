@@ -98,7 +98,7 @@ class CompiledNativePlan(NativePlan):
     ``unplanned_*`` the compiled un-checkpointed step's, measured, the base of a ``"N%"`` budget.
     ``candidates``: every set of regions compiled and measured, in order; ``compiles`` how many
     compiles that took; ``planning_seconds`` the whole planning, profile and compiles included.
-    ``graph`` and ``schedule`` are the eager model of the chosen regions (solvers/regions.py), and
+    ``graph`` and ``schedule`` are the eager model of the chosen regions (solvers/regions/), and
     ``eager_predicted_peak_bytes`` / ``eager_predicted_seconds`` its prediction of the eager step.
 
     Saved, it keeps the native format with a ``"compiled"`` section; ``planner.load`` reads it back

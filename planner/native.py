@@ -1,7 +1,7 @@
 """Native plans: which modules ``torch.utils.checkpoint`` wraps, chosen against the budget.
 
 The default plan (``planner.plan(..., executor="native")``). The profiler's trace of the step is
-regrouped to single ops; solvers/regions.py predicts the peak and time of checkpointing any set of
+regrouped to single ops; solvers/regions/ predicts the peak and time of checkpointing any set of
 the model's submodules (and runs of an ``nn.Sequential``'s children) the way non-reentrant
 ``torch.utils.checkpoint`` does, and searches the set with the least recomputation that fits. The
 plan is then **measured once** on the example inputs (runtime/native.py applied, one training step
@@ -61,7 +61,7 @@ NATIVE_TIME_LIMIT = 30.0
 class NativePlan(Plan):
     """A plan the native executor runs: ``regions`` checkpointed with torch.utils.checkpoint.
 
-    ``graph`` and ``schedule`` are solvers/regions.py's model of that execution (the op-level graph
+    ``graph`` and ``schedule`` are the model of solvers/regions/ of that execution (the op-level graph
     with a twin node per recomputed op); ``predicted_*`` come from it. ``measured_peak_bytes`` and
     ``measured_seconds`` are one training step on the example inputs (None for a plan not measured).
     """
@@ -85,7 +85,7 @@ class NativePlan(Plan):
 
     def recomputed(self) -> dict[str, int]:
         """Op -> 1 for each op a checkpoint recomputes: the region graph holds a recomputation as a twin
-        node of its own (solvers/regions.py, ``twin``), computed once, so the schedule's counts show none."""
+        node of its own (solvers/regions/names.py, ``twin``), computed once, so the schedule's counts show none."""
         prefix = twin("")
         return {str(node)[len(prefix):]: 1 for node in self.graph.nodes if str(node).startswith(prefix)}
 
@@ -420,7 +420,7 @@ def solve_native(profile: profiler.Profile, model: torch.nn.Module, budget_bytes
                  distributed=None, policies: Sequence[str] = tuple(SAVE_POLICIES)) -> tuple[RegionPlan, int]:
     """The regions for ``budget_bytes`` (whole step) and the bytes held besides their schedule
     (``extra_bytes``, and ``distributed``'s wrapper's for the regions chosen, included). ``policies``:
-    the save policies the search may give a region (solvers/regions.py ``SAVE_POLICIES``)."""
+    the save policies the search may give a region (solvers/regions/policies.py ``SAVE_POLICIES``)."""
     graph = profile.regroup("op").graph
     devices = cuda_devices([*model.parameters()])
     fixed = _fixed_bytes(graph) + extra_bytes

@@ -3,8 +3,8 @@
 A plan file carries its figures (peak, times, budget) beside the graph and schedule they were
 computed from; ``show`` prints them and a user decides on them. Loading recomputes every figure that
 can be recomputed (the predicted peak and time: ``solvers.simulate`` of the plan's schedule on its
-graph, which for a native plan is solvers/regions.py's region graph and schedule; the un-checkpointed
-time; what is held besides the schedule) and checks the rest for consistency: a measured figure
+graph, which for a native plan is the region graph and schedule of solvers/regions/prediction.py; the
+un-checkpointed time; what is held besides the schedule) and checks the rest for consistency: a measured figure
 cannot be recomputed, but a measured peak over the budget, or one absurdly far from the prediction,
 is not a measurement this tool wrote. Each function returns what is wrong, in words, or None;
 planner/planfile.py and planner/native.py raise it as a ``PlanFileError``.
@@ -51,7 +51,7 @@ def overlapping_regions(regions) -> str | None:
     """Why ``regions`` (a native plan's, ``"layers.3@matmuls"``, ``"layers[2:5]"``) cannot all be
     checkpoint regions at once, or None: an unknown save policy, the model itself, an empty
     segment, or two regions that are the same module or one inside the other. Regions do not nest
-    today (solvers/regions.py checks the same when it builds a region graph); were nesting planned,
+    today (solvers/regions/ checks the same when it builds a region graph); were nesting planned,
     this is the one function to change."""
     members: list[tuple[str, list[str]]] = []  # a list: a region given twice is a duplicate, not one entry
     for region in regions:
@@ -144,7 +144,7 @@ def traced_figures_problem(plan, outcome) -> str | None:
 
 def native_figures_problem(plan, outcome) -> str | None:
     """A native plan's figures against its region schedule's simulation ``outcome`` on its region
-    graph (solvers/regions.py: one ``recompute:`` twin per recomputed op), and its measured
+    graph (solvers/regions/names.py: one ``recompute:`` twin per recomputed op), and its measured
     figures for consistency."""
     graph: nx.DiGraph = plan.graph
     problem = overlapping_regions(plan.regions) or _twins_problem(graph, plan.regions)

@@ -323,7 +323,7 @@ def _seconds(value, what: str = "") -> float:
 
 
 # checkpoint_overhead: the part of a native region's entry op's cost that is torch.utils.checkpoint's
-# own (solvers/regions.py region_graph), kept so that the plan's un-checkpointed time can be checked.
+# own (solvers/regions/prediction.py region_graph), kept so that the plan's un-checkpointed time can be checked.
 _NODE_FIELDS = ("cost", "mem", "workspace", "structural_workspace", "output", "pinned", "kind", "module", "ops", "random",
                 "value_class", "checkpoint_overhead")
 

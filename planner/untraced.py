@@ -5,7 +5,7 @@ shapes such as an MoE's top-k routing) still runs eagerly. profiler/eager.py rec
 training step op by op (module hooks, autograd node hooks and a ``TorchDispatchMode``, as PyTorch's
 SAC estimator measures per module: what each op makes, reads and keeps alive, its time and scratch
 memory) into the same op-level cost graph a trace gives. planner/native.py then plans on it exactly
-as for a traced model: the region search (solvers/regions.py), the plan measured once on the example
+as for a traced model: the region search (solvers/regions/), the plan measured once on the example
 inputs and repaired when it measures over the budget, the same :class:`planner.native.NativePlan`,
 summary and file format. The plan's solver message says the step was recorded eagerly, and why.
 
@@ -13,7 +13,7 @@ Save policies: ``@matmuls`` and ``@projections`` are priced on the eager graph a
 (they match aten op names, which eager dispatch shows as a trace does): region sets under them were
 predicted 0.07-0.19% above their measured peaks on the zoo's untraceable MoE and control-flow models
 and on a 2-layer GPT-2 behind an ``if`` on its logits, as plain regions are. Their ``+draws``
-variants are not searched: their model of a dropout's draw (solvers/regions.py ``draw_chains``)
+variants are not searched: their model of a dropout's draw (solvers/regions/policies.py ``draw_chains``)
 follows a trace's functional ops, where the draw and its scaling are results of their own; eager
 draws in place (``bernoulli_`` and ``div_`` into an ``empty_like``, one storage, results of none),
 and the GPT-2 MLP ending in a dropout under ``@projections+draws`` was predicted 65,536 B (one

@@ -163,7 +163,7 @@ class _ModuleTagger:
     def tag_backward(self, roots) -> None:
         """Pre-hooks on every autograd node reachable from ``roots`` set the tag of its backward ops:
         the module, and the node's number (eager autograd holds a node's saved tensors and incoming
-        gradients until the node's last op: solvers/regions.py, autograd_node_holds)."""
+        gradients until the node's last op: solvers/regions/prediction.py, autograd_node_holds)."""
         seen, stack = set(), [r for r in roots if r is not None]
         while stack:
             node = stack.pop()

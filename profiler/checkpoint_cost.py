@@ -15,7 +15,7 @@ ops on a tiny tensor (each op saves its input: one op, one saved tensor), at two
 plain, under ``no_grad`` (what the profile's op costs count of a recomputation), checkpointed, and
 checkpointed under each save policy. Differences between the variants are the checkpoint's own
 costs; the two lengths split them into a part per region (the intercept) and a part per saved
-tensor or per op (the slope). The numbers feed solvers/regions.py's cost of a region
+tensor or per op (the slope). The numbers feed solvers/regions/costs.py's cost of a region
 (``graph.graph["checkpoint_costs"]``: :meth:`CheckpointCosts.as_graph_data`).
 
 Robust to a loaded machine: every variant is stepped in turn in each round (paired), and each
@@ -54,7 +54,7 @@ class CheckpointCosts:
     ``recomputed_op_seconds``: per op the recomputation runs (its saved tensors packed in the
     forward and the recomputation and unpacked in the backward, the Python forward run again, the
     discarded autograd recording). ``policy_region_seconds`` and ``policy_op_seconds``: per save
-    policy (by the names of solvers/regions.py ``SAVE_POLICIES``), what its selective checkpoint
+    policy (by the names of solvers/regions/policies.py ``SAVE_POLICIES``), what its selective checkpoint
     adds per call, and per op per pass (the forward is one pass over the region's ops, the
     recomputation another over those it runs, cached or not). ``source``: what the figures were
     measured on (``"synthetic"``, or the model's region they were fitted to); ``scale``: the factor
@@ -69,7 +69,7 @@ class CheckpointCosts:
     scale: float = 1.0
 
     def as_graph_data(self) -> dict:
-        """The figures as solvers/regions.py reads them from ``graph.graph["checkpoint_costs"]``
+        """The figures as solvers/regions/costs.py reads them from ``graph.graph["checkpoint_costs"]``
         (plain numbers: a plan file keeps them)."""
         return {
             "device": self.device,

@@ -136,7 +136,7 @@ def build_cost_graph(joint: JointGraph, grouping: Grouping, times: OpTimes) -> n
             random=group.random,
             value_class=group.value_class,
             # The aten op of a one-op group ("aten.addmm.default"): what a selective-checkpoint
-            # policy decides on (solvers/regions.py); "" for a group of several ops.
+            # policy decides on (solvers/regions/); "" for a group of several ops.
             op=str(graph_nodes[group.units[0]].target) if len(group.units) == 1 else "",
         )
         if group.autograd_node is not None:

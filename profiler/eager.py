@@ -3,7 +3,7 @@
 ``profiler.profile`` traces the step with make_fx; a forward with Python control flow on tensor
 values (``if x.sum() > 0``) or data-dependent shapes (an MoE routing each token to its top-k
 experts) cannot be traced. Such a model still runs eagerly, and one eager training step shows
-everything the native planner's region search (solvers/regions.py) reads from a trace, as PyTorch's
+everything the native planner's region search (solvers/regions/) reads from a trace, as PyTorch's
 SAC estimator measures it (``torch.distributed._tools.sac_estimator``: module hooks, autograd node
 hooks and a ``TorchDispatchMode`` under one step):
 

@@ -1,11 +1,11 @@
 """The native executor: a plan realised by PyTorch's own activation checkpointing, in place.
 
-A native plan names *regions* of the model (solvers/regions.py): submodules (``"transformer.h.3"``)
+A native plan names *regions* of the model (solvers/regions/): submodules (``"transformer.h.3"``)
 and runs of an ``nn.Sequential``'s children (``"layers[2:5]"``, as ``checkpoint_sequential`` cuts
 them), optionally with a save policy (``"transformer.h.3@matmuls"``: a selective checkpoint,
 ``torch.utils.checkpoint.create_selective_checkpoint_contexts``, that saves the matmuls' and
 convolutions' outputs and recomputes the rest; ``@projections`` recomputes the attention's bmm
-products too; the ``+draws`` variants keep dropout's random draws: solvers/regions.py SAVE_POLICIES,
+products too; the ``+draws`` variants keep dropout's random draws: solvers/regions/policies.py SAVE_POLICIES,
 runtime/save_policies.py). :func:`apply_native` makes each region's call run under non-reentrant
 ``torch.utils.checkpoint.checkpoint(use_reentrant=False, preserve_rng_state=True)``, and changes
 nothing else: the model is the same object, with the same class, parameters, buffers, hooks,

@@ -35,7 +35,7 @@ Use: ``install_rnn_stages(model, time_chunks=4)``, then ``planner.profile_for`` 
 ``planner.plan(..., profile=...)`` (``plan`` itself profiles the per-layer stages).
 
 Because the stages are ordinary child modules called once each, the profiler tags their ops by
-their paths, solvers/regions.py makes them candidate regions, and runtime/native.py checkpoints them
+their paths, solvers/regions/ makes them candidate regions, and runtime/native.py checkpoints them
 as any module: a plan's region ``"rnn.stages.2"`` is layer 2. ``planner.plan`` installs the stages
 before profiling; :func:`runtime.native.apply_native` installs them on the RNNs its regions name a
 stage of, and :func:`runtime.native.remove_native` removes them (:func:`remove_rnn_stages`): the RNN's

@@ -4,7 +4,7 @@ A region ``"transformer.h.3@matmuls"`` runs under ``torch.utils.checkpoint.check
 ``context_fn=create_selective_checkpoint_contexts(policy)``: PyTorch calls the policy after each op
 of the region's first run (``ctx.op_output`` is the op's result), and each op it answers
 ``MUST_SAVE`` for is not run again by the recomputation, which gets the cached result instead. The
-policies are solvers/regions.py's ``SAVE_POLICIES``, one table for the prediction and the run: the
+policies are solvers/regions/policies.py's ``SAVE_POLICIES``, one table for the prediction and the run: the
 aten ops whose names match a policy's prefixes are saved.
 
 A policy with ``draws`` also saves the random draws, so that the recomputation does not draw again
@@ -31,7 +31,7 @@ import torch
 import torch.utils._pytree as pytree
 import torch.utils.checkpoint as torch_checkpoint
 
-from solvers.regions import ALLOCATIONS, SAVE_POLICIES
+from solvers.regions.policies import ALLOCATIONS, SAVE_POLICIES
 
 from .module import PlanMismatch
 
@@ -134,7 +134,7 @@ class DrawTracker:
 
 
 class SavePolicy:
-    """A selective-checkpoint policy of solvers/regions.py's table, by ``name``. Picklable (a name),
+    """A selective-checkpoint policy of solvers/regions/policies.py's table, by ``name``. Picklable (a name),
     so that the model stays deep-copyable. A region's call runs under :meth:`one_call`'s policy,
     whose :meth:`context_fn` is the checkpoint's ``context_fn``; :meth:`close` after the call."""
 

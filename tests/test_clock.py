@@ -1,5 +1,5 @@
 """The native planner's clock (issue 28, item 4): what torch.utils.checkpoint itself costs, measured
-(profiler/checkpoint_cost.py, planner/checkpoint_clock.py) and priced (solvers/regions.py)."""
+(profiler/checkpoint_cost.py, planner/checkpoint_clock.py) and priced (solvers/regions/)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Save policies on real models (solvers/regions.py SAVE_POLICIES, runtime/native.py): each policy's
+"""Save policies on real models (solvers/regions/policies.py SAVE_POLICIES, runtime/native.py): each policy's
 regions forced on a small model are predicted within 1% of the measured peak, and train as the
 un-checkpointed model does, bit for bit, with dropout on.
 

@@ -1,4 +1,4 @@
-"""solvers/regions.py: the native executor's plans on hand-made op graphs (no torch).
+"""solvers/regions/: the native executor's plans on hand-made op graphs (no torch).
 
 The graphs mimic what the profiler makes at op granularity: forward ops tagged with their module,
 a loss, backward ops that read forward results; node ids in trace order.
@@ -187,7 +187,7 @@ def test_infeasible_reports_the_least_peak_it_found():
 def test_plans_within_the_tie_tolerance_are_equal_and_the_simpler_wins():
     """A threshold, not buckets: 1.49 and 1.51 (tolerance 1) straddled a bucket edge under rounding
     and the fuller plan won on noise; within the tolerance the fewer regions win, beyond it the cost."""
-    from solvers.regions import _better
+    from solvers.regions.search import _better
 
     whole = ["h.0", "h.1"]
     split = ["h.0.attn", "h.0.mlp", "h.1.attn", "h.1.mlp"]
@@ -257,14 +257,14 @@ def test_the_children_of_a_region_are_plain_or_under_its_policy():
     """A module is inside its own policy variants: with the variants among the candidates, the
     children of ``layers.0`` were ``layers.0.op0@matmuls``... and those of ``layers.0@matmuls``
     ``layers.0`` itself."""
-    from solvers.regions import _children
+    from solvers.regions.candidates import children_of
 
     graph = block_chain(blocks=2)
     candidates = candidate_regions(graph)
     candidates += [f"{c}@{policy}" for policy in SAVE_POLICIES for c in candidates]
     plain = ["layers.0.op0", "layers.0.op1", "layers.0.op2"]
-    assert _children("layers.0", candidates) == plain
-    assert _children("layers.0@projections", candidates) == [f"{c}@projections" for c in plain]
+    assert children_of("layers.0", candidates) == plain
+    assert children_of("layers.0@projections", candidates) == [f"{c}@projections" for c in plain]
 
 
 def dropout_blocks(blocks: int = 4, mem: int = 10, draw_cost: float = 3.0, wide: int = 3) -> nx.DiGraph:

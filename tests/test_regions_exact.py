@@ -1,7 +1,7 @@
 """solvers/native: the exact native method against brute force, on small real models and hand-made graphs.
 
 Brute force: every set of disjoint regions of a menu (modules, runs of a Sequential's children, each
-plain or under a save policy), its peak and step from solvers/regions.py's RegionModel (equal to
+plain or under a save policy), its peak and step from solvers/regions/region_model.py's RegionModel (equal to
 the simulator: tests/test_regions.py); the cheapest within each budget. The exact method must find
 that step, say ``optimal``, and its plan must fit by the simulator.
 """
@@ -137,7 +137,7 @@ def random_plans(menu, count: int, seed: int = 0):
 
 
 # What torch.utils.checkpoint itself costs, as planner/checkpoint_clock.py annotates a graph with it
-# (solvers/regions.py checkpoint_overhead): a choice's cost then holds it, per region and per op.
+# (solvers/regions/costs.py checkpoint_overhead): a choice's cost then holds it, per region and per op.
 CLOCK_RATES = {"region_seconds": 0.25, "recomputed_op_seconds": 0.125,
                "policy_region_seconds": {policy: 0.5 for policy in SAVE_POLICIES},
                "policy_op_seconds": {policy: 0.0625 for policy in SAVE_POLICIES}}

@@ -3,9 +3,9 @@
 
 - menu.py: the choices (regions x policies) and which of them overlap;
 - peak_rows.py: the peak of any plan as linear rows over the choices, exact at every plan, read off
-  solvers/regions.py's cost model;
+  the cost model of solvers/regions/;
 - milp.py: those rows in HiGHS, added as incumbents break them;
-- method.py: the search (the heuristic of solvers/regions.py as its start), its status (``optimal``
+- method.py: the search (the heuristic of solvers/regions/ as its start), its status (``optimal``
   or the gap) and the ``regions`` method of :func:`solvers.solve`.
 
 Pure Python, networkx, numpy and highspy: no torch, like the rest of ``solvers``.

@@ -2,7 +2,7 @@
 policy, and which of them overlap.
 
 A *choice* is a region name as plan files keep it (``"transformer.h.3"``, ``"layers[2:5]@matmuls"``,
-solvers/regions.py). A plan is a set of choices whose regions are disjoint: no forward op in two of
+solvers/regions/). A plan is a set of choices whose regions are disjoint: no forward op in two of
 them (nested checkpoints are not on the menu). The menu's order is the order plans list their regions
 in (:func:`solvers.regions.evaluate` inserts the recomputations of regions that start at the same
 backward op in that order).
@@ -15,7 +15,12 @@ from dataclasses import dataclass
 
 import networkx as nx
 
-from ..regions import ModuleNodes, RegionModel, as_eager_runs, candidate_regions, checkpointable, segment, split_policy
+from ..regions.candidates import candidate_regions, checkpointable
+from ..regions.members import ModuleNodes
+from ..regions.names import segment
+from ..regions.policies import split_policy
+from ..regions.prediction import as_eager_runs
+from ..regions.region_model import RegionModel
 
 
 @dataclass(frozen=True)
@@ -60,7 +65,7 @@ def build_menu(graph: nx.DiGraph, candidates: Sequence[str] | None = None, seque
                policies: Sequence[str] = (), model: RegionModel | None = None) -> Menu:
     """The menu over ``candidates`` (module regions, default every checkpointable module) and every
     run of the ``sequentials``' children, each plain and under each of ``policies`` (names of
-    solvers/regions.py ``SAVE_POLICIES``). With ``model`` (the graph's :class:`RegionModel`), a
+    solvers/regions/policies.py ``SAVE_POLICIES``). With ``model`` (the graph's :class:`RegionModel`), a
     choice that checkpoints exactly as an earlier one does (the same recomputed ops, backward ops,
     trigger and held results: ``projections`` in a region without ``bmm``, where it saves what
     ``matmuls`` saves) is left out: the same plan, half the columns on such models."""

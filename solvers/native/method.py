@@ -27,7 +27,10 @@ import numpy as np
 from ..clock import Clock
 from ..errors import Infeasible, SolverTimeout
 from ..options import time_limit_or_default
-from ..regions import SAVE_POLICIES, RegionModel, RegionPlan, evaluate, plan_regions
+from ..regions.policies import SAVE_POLICIES
+from ..regions.prediction import RegionPlan, evaluate
+from ..regions.region_model import RegionModel
+from ..regions.search import plan_regions
 from ..schedule import FEASIBLE, OPTIMAL, Schedule, SolverInfo
 from ..store_all import store_all_schedule
 from .menu import Menu, build_menu

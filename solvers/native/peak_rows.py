@@ -1,6 +1,6 @@
 """The peak of a native plan as linear rows over the menu's choices: exact at every plan.
 
-solvers/regions.py defines what checkpointing a set of regions does (:func:`~solvers.regions.evaluate`,
+solvers/regions/ defines what checkpointing a set of regions does (:func:`~solvers.regions.evaluate`,
 its fast twin :class:`~solvers.regions.RegionModel`): one sequence of *events* (every op of the
 trace in order, each chosen region's recomputed ops, its *twins*, inserted right before its trigger),
 every result held from its event until its last reader's. This module reads the same parts
@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 import networkx as nx
 import numpy as np
 
-from ..regions import RegionModel
+from ..regions.region_model import RegionModel
 from .menu import Menu
 
 BASE = 1  # event kinds in the axis's sort key: a choice's twins (0) come before the op they precede (1)
