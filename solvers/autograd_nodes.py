@@ -12,7 +12,7 @@ at the start of the backward (BERT with 4 heads: 65,280 B measured above the per
 
 The profiler tags each backward op with its node's number (``autograd_node``, profiler/capture.py);
 :func:`autograd_node_holds` turns that into liveness edges (``hold=True``, not data), the form
-solvers/regions.py already uses for what a checkpoint holds.
+solvers/regions/costs.py already uses for what a checkpoint holds.
 """
 
 from __future__ import annotations
