@@ -26,7 +26,7 @@ sys.path.append(HERE)  # after the root: benchmarks/solvers.py is not the solver
 import torch  # noqa: E402
 
 from models import BENCHMARKS  # noqa: E402
-from planner.native import solve_native  # noqa: E402
+from planner.native_solve import solve_native  # noqa: E402
 from planner.api import profile_for  # noqa: E402
 from solvers import Infeasible  # noqa: E402
 from solvers.regions import evaluate  # noqa: E402

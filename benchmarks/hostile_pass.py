@@ -178,7 +178,7 @@ import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
 import planner  # noqa: E402
-from planner.native import measure_native  # noqa: E402
+from planner.native_measure import measure_native  # noqa: E402
 
 torch.manual_seed(0)
 model = nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.Dropout(0.3), nn.Linear(256, 256), nn.GELU(), nn.Dropout(0.3),

@@ -23,7 +23,8 @@ import torch  # noqa: E402
 import planner  # noqa: E402
 import profiler  # noqa: E402
 from planner.files import write_atomic  # noqa: E402
-from planner.native import _rng_bytes, measure_native, solve_native  # noqa: E402
+from planner.native_measure import measure_native  # noqa: E402
+from planner.native_solve import rng_bytes, solve_native  # noqa: E402
 from solvers.regions import evaluate  # noqa: E402
 
 
@@ -64,7 +65,7 @@ def run() -> list[tuple]:
             chosen.append((f"search at {budget}", list(solved.regions)))
         chosen += [(" + ".join(regions) or "no checkpointing", regions) for regions in region_sets]
         for label, regions in chosen:
-            predicted = fixed + evaluate(graph, regions).outcome.peak_bytes + _rng_bytes(regions, [])
+            predicted = fixed + evaluate(graph, regions).outcome.peak_bytes + rng_bytes(regions, [])
             measured = measure_native(model, regions, inputs, loss_fn).peak_bytes
             row = (name, label, ", ".join(regions) or "nothing", predicted, measured, measured / predicted - 1)
             print(_line(row), flush=True)

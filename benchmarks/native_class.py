@@ -29,7 +29,7 @@ import planner  # noqa: E402
 import profiler  # noqa: E402
 from planner.budget import parse_budget  # noqa: E402
 from planner.files import write_atomic  # noqa: E402
-from planner.native import solve_native  # noqa: E402
+from planner.native_solve import solve_native  # noqa: E402
 from solvers import Infeasible  # noqa: E402
 
 import models as bench  # noqa: E402

@@ -38,7 +38,7 @@ def _unsharded_peaks(rank: int) -> list[int]:
     unrecorded, which a later measurement in the same process can record as frees (tests/ranks.py)."""
     import test_distributed_native as case
 
-    from planner.native import measure_native
+    from planner.native_measure import measure_native
 
     batch = case._local_batch(rank, 0)
     return [measure_native(case._model(), regions, (batch,), case._loss).peak_bytes for _, regions in HAND_SET]

@@ -32,7 +32,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 import torch  # noqa: E402
 
 import profiler  # noqa: E402
-from planner.native import _called, sequential_containers  # noqa: E402
+from planner.native_solve import called_in_forward, sequential_containers  # noqa: E402
 from runtime.rnn import staged_for_trace  # noqa: E402
 from solvers import Infeasible  # noqa: E402
 from solvers.native import build_menu, solve_regions_exact  # noqa: E402
@@ -82,7 +82,7 @@ def run(name: str, fractions, time_limit: float) -> list[tuple]:
     with staged_for_trace(model):
         profile = profiler.profile(model, inputs(), loss_fn=loss_fn, granularity="op", fuse_loss=False)
     graph = profile.regroup("op").graph
-    candidates = [c for c in candidate_regions(graph) if _called(model, c)]
+    candidates = [c for c in candidate_regions(graph) if called_in_forward(model, c)]
     sequentials = sequential_containers(model)
     # The menu the exact method searches: duplicates (a policy that saves what another does) left out.
     choices = len(build_menu(graph, candidates, sequentials, tuple(SAVE_POLICIES), RegionModel(graph)).choices)

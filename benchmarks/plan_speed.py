@@ -29,7 +29,9 @@ sys.path.insert(0, os.path.dirname(HERE))
 import planner  # noqa: E402
 import torch  # noqa: E402
 from planner.planfile import PlanWarning  # noqa: E402
-import planner.native as native  # noqa: E402
+import planner.native_measure as native_measure  # noqa: E402
+import planner.native_repair as native_repair  # noqa: E402
+import planner.native_request as native_request  # noqa: E402
 import profiler.api as profiler_api  # noqa: E402
 from examples import gpt2  # noqa: E402
 from tables import markdown_table, publish  # noqa: E402
@@ -39,16 +41,14 @@ PHASES = ("trace", "op timing", "eager measure", "search", "plan measure")
 
 @contextlib.contextmanager
 def phase_timers(seconds: dict[str, float], clock=time.perf_counter):
-    """Wrap the functions of each phase so that their time adds to ``seconds[phase]``; the first
-    measure_native call of a plan is the eager step's, the later ones the plan's."""
-    calls = defaultdict(int)
+    """Wrap the functions of each phase so that their time adds to ``seconds[phase]``: measure_native
+    called by the request (planner/native_request.py) measures the eager step, by the repair
+    (planner/native_repair.py) and the timing check (planner/native_measure.py) the plan's."""
 
-    def timed(module, name: str, phase_of):
+    def timed(module, name: str, phase: str):
         original = getattr(module, name)
 
         def wrapper(*args, **kwargs):
-            phase = phase_of(calls[name])
-            calls[name] += 1
             started = clock()
             try:
                 return original(*args, **kwargs)
@@ -59,11 +59,14 @@ def phase_timers(seconds: dict[str, float], clock=time.perf_counter):
         return original
 
     wrapped = [
-        (profiler_api, "capture", timed(profiler_api, "capture", lambda n: "trace")),
-        (profiler_api, "time_ops", timed(profiler_api, "time_ops", lambda n: "op timing")),
-        (native, "solve_native", timed(native, "solve_native", lambda n: "search")),
-        (native, "measure_native", timed(native, "measure_native",
-                                         lambda n: "eager measure" if n == 0 else "plan measure")),
+        (module, name, timed(module, name, phase)) for module, name, phase in (
+            (profiler_api, "capture", "trace"),
+            (profiler_api, "time_ops", "op timing"),
+            (native_repair, "solve_native", "search"),
+            (native_request, "measure_native", "eager measure"),
+            (native_repair, "measure_native", "plan measure"),
+            (native_measure, "measure_native", "plan measure"),
+        )
     ]
     try:
         yield

@@ -21,7 +21,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 
 from examples import gpt2  # noqa: E402
 from planner.api import profile_for  # noqa: E402
-from planner.native import solve_native  # noqa: E402
+from planner.native_solve import solve_native  # noqa: E402
 from profiler.memory import measure_step  # noqa: E402
 from tables import markdown_table, publish  # noqa: E402
 

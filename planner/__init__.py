@@ -13,7 +13,7 @@ import importlib
 # them, without paying for torch.
 _EXPORTS = {
     "BudgetInfeasible": ".api", "EXECUTORS": ".api", "FallbackWarning": ".api", "FSDP2": ".native",
-    "NativePlan": ".native", "PlanTimeout": ".api", "PlanWarning": ".planfile",
+    "NativePlan": ".native_plan", "PlanTimeout": ".api", "PlanWarning": ".planfile",
     "SolverError": ".api", "apply": ".api",
     "checkpoint": ".api", "load": ".api", "plan": ".api", "plan_from_profile": ".api", "plan_untraceable": ".api",
     "profile_for": ".api", "plan_of": ".attached", "NoPlan": ".attached",

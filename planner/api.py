@@ -24,7 +24,9 @@ from .measured import measure_planned_step
 from .footprint import held_besides_schedule
 from .granularity import noted, solve_over_groupings
 from .least import refusal_below_floor
-from .native import NativePlan, distributed_problem, native_profile, plan_native
+from .native import distributed_problem, plan_native
+from .native_plan import NativePlan
+from .native_request import native_profile
 from .attached import NoPlan, attach, plan_of
 from .autocast import planning_under
 from .optimizer import OptimizerSpecError, optimizer_problem

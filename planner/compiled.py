@@ -42,7 +42,9 @@ from solvers import Infeasible
 
 from .budget import Budget, format_bytes
 from .measured import measure_planned_step
-from .native import NativePlan, native_profile, plan_native, refuse_wrapped
+from .native import plan_native, refuse_wrapped
+from .native_plan import NativePlan
+from .native_request import native_profile
 from .planfile import PlanFileError, _list, _mapping, _seconds, _text, _whole
 
 MAX_COMPILES = 5  # per plan, the un-checkpointed step's compile included (10-70 s each on GPT-2 on 2 CPU cores)

@@ -7,7 +7,7 @@ ordered by bytes saved per second of recomputation; its figures were measured, n
 (``"figures": "measured"`` in its file). Nothing makes such a plan any more. Its files (format
 ``plan-checkpoints/module-chain/1``) still load as a :class:`ModuleChainPlan` and still apply
 (runtime/chain.py: the blocks wrapped in torch.utils.checkpoint, on a copy of the module tree); a
-new plan of the same model is a :class:`planner.native.NativePlan`.
+new plan of the same model is a :class:`planner.native_plan.NativePlan`.
 
 Its ``graph`` and ``schedule`` describe the blocks (one forward and one backward node per block; a
 checkpointed block's forward node is freed after the forward and computed again before its backward)

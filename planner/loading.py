@@ -10,7 +10,7 @@ import os
 
 from .compiled import CompiledNativePlan
 from .fallback import CHAIN_FORMAT, ModuleChainPlan
-from .native import NATIVE_FORMAT, NativePlan
+from .native_plan import NATIVE_FORMAT, NativePlan
 from .planfile import Plan, read_plan_data
 
 

@@ -29,17 +29,17 @@ SECONDS_TOLERANCE = 1e-6
 # grouping than the one that time was summed on (traced_figures_problem).
 GROUPING_SLACK = 0.05
 # A native plan's prediction may sit this far above its budget when its measurement decided
-# (planner/native.py, NEAR_MISS; the "100%" plan of a measured eager step): beyond it, edited.
+# (planner/native_repair.py, NEAR_MISS; the "100%" plan of a measured eager step): beyond it, edited.
 NEAR_MISS = 0.02
 # A measured peak this many times above or below the prediction is not one this tool measured (the
 # prediction is within a few percent of eager on CPU, docs/native.md; CUDA's allocator adds ~2%).
 MEASURED_PEAK_FACTOR = 2.0
 # Likewise a measured step time, but times vary with the machine's load far more than peaks (a
-# 1.4 ms predicted step measured 37.6 ms on a loaded 2-core machine, 26x; planner/native.py warns
+# 1.4 ms predicted step measured 37.6 ms on a loaded 2-core machine, 26x; planner/native_measure.py warns
 # past 20%): only an absurd ratio is refused.
 MEASURED_SECONDS_FACTOR = 1000.0
 # Bytes of one saved CPU generator state (a Mersenne Twister; profiler/state.py): what a native
-# plan's checkpoints add to the held bytes, per region and one more (planner/native.py, _rng_bytes).
+# plan's checkpoints add to the held bytes, per region and one more (planner/native_solve.py, rng_bytes).
 CPU_RNG_STATE_BYTES = 5056
 # The graph attribute naming the regions a native plan's region graph models (a JSON list; absent
 # from plans made before it was recorded): a region edited by hand (another module, another save

@@ -6,7 +6,7 @@ training step op by op (module hooks, autograd node hooks and a ``TorchDispatchM
 SAC estimator measures per module: what each op makes, reads and keeps alive, its time and scratch
 memory) into the same op-level cost graph a trace gives. planner/native.py then plans on it exactly
 as for a traced model: the region search (solvers/regions/), the plan measured once on the example
-inputs and repaired when it measures over the budget, the same :class:`planner.native.NativePlan`,
+inputs and repaired when it measures over the budget, the same :class:`planner.native_plan.NativePlan`,
 summary and file format. The plan's solver message says the step was recorded eagerly, and why.
 
 Save policies: ``@matmuls`` and ``@projections`` are priced on the eager graph as on a trace
@@ -33,7 +33,8 @@ from solvers.regions import SAVE_POLICIES
 from solvers.schedule import SolverInfo
 
 from .budget import Budget
-from .native import NativePlan, plan_native
+from .native import plan_native
+from .native_plan import NativePlan
 
 # Save policies the search may give a region of an eagerly recorded step (the module docstring).
 POLICIES: tuple[str, ...] = tuple(name for name, policy in SAVE_POLICIES.items() if not policy.draws)

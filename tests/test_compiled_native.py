@@ -16,7 +16,7 @@ import planner
 import planner.compiled as compiled
 from models import max_relative_error, mlp, residual_mlp, training_step
 from planner.compiled import CompiledCandidate, CompiledNativePlan, choose
-from planner.native import measure_native
+from planner.native_measure import measure_native
 from runtime.native import native_regions, remove_native
 from planner.planfile import PlanFileError
 from profiler.memory import StepMeasurement

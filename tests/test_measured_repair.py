@@ -67,23 +67,25 @@ def test_a_near_miss_measures_the_least_plan_without_save_policies_too(monkeypat
     (the benchmark U-Net at its per-block baseline's peak: the last decoder block under @matmuls
     measured 1 MB over, plain exactly at the budget; the planner refused). Stand-ins for the search
     and the measurement."""
-    import planner.native as native
+    import planner.native_repair as native_repair
+    from planner.native_solve import no_wrapper
     from profiler.memory import StepMeasurement
 
-    def solve(profile, model, budget, time_limit, extra_bytes=0, distributed=None, policies=()):
+    def solve(profile, model, budget, time_limit, extra_bytes=0, wrapper=no_wrapper, policies=()):
         return (_Regions(("merge.2@matmuls",) if policies else ("merge.2",)), 0)
 
     def measure(model, regions, inputs, loss_fn, warm_up=True):
         peak = 1_010 if regions[0].endswith("@matmuls") else 1_000
         return StepMeasurement(peak, 0, peak, 0.1, 1, "cpu")
 
-    monkeypatch.setattr(native, "solve_native", solve)
-    monkeypatch.setattr(native, "measure_native", measure)
-    least = native._least_if_it_measures_within(None, None, None, None, None, ("matmuls",), budget_bytes=1_000,
-                                                minimum=1_005, measure=True, time_limit=None)
+    monkeypatch.setattr(native_repair, "solve_native", solve)
+    monkeypatch.setattr(native_repair, "measure_native", measure)
+    least = native_repair.least_if_it_measures_within(None, None, None, None, no_wrapper, ("matmuls",),
+                                                      budget_bytes=1_000, minimum=1_005, measure=True, time_limit=None)
     assert least is not None and least[0].regions == ("merge.2",) and least[2].peak_bytes == 1_000
-    assert native._least_if_it_measures_within(None, None, None, None, None, ("matmuls",), budget_bytes=999,
-                                               minimum=1_005, measure=True, time_limit=None) is None
+    assert native_repair.least_if_it_measures_within(None, None, None, None, no_wrapper, ("matmuls",),
+                                                     budget_bytes=999, minimum=1_005, measure=True,
+                                                     time_limit=None) is None
 
 
 @dataclass(frozen=True)

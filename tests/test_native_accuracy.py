@@ -1,6 +1,6 @@
 """The native executor's prediction where eager autograd's timing of frees matters: a backward node
 holds what it reads until its last op (solvers/autograd_nodes.py), and a recomputation holds one
-more generator state (planner/native.py, _rng_bytes)."""
+more generator state (planner/native_solve.py, rng_bytes)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import pytest
 import torch
 
 import profiler
-from planner.native import _fixed_bytes, _rng_bytes, measure_native
+from planner.native_measure import measure_native
+from planner.native_solve import fixed_bytes, rng_bytes
 from solvers.autograd_nodes import autograd_node_holds, first_of_node
 from solvers.regions import RegionModel, evaluate
 
@@ -74,7 +75,7 @@ def test_the_last_layers_checkpointed_attention_is_predicted_within_a_generator_
     model, inputs, loss_fn = _tiny_bert()
     graph = profiler.profile(model, inputs, loss_fn=loss_fn, fuse_loss=False).regroup("op").graph
     for region in ("bert.encoder.layer.1.attention.self", "bert.encoder.layer.1"):
-        predicted = _fixed_bytes(graph) + evaluate(graph, (region,)).outcome.peak_bytes + _rng_bytes((region,), [])
+        predicted = fixed_bytes(graph) + evaluate(graph, (region,)).outcome.peak_bytes + rng_bytes((region,), [])
         measured = measure_native(model, (region,), inputs, loss_fn).peak_bytes
         # Never under; over by at most 0.5% (the extra generator state is counted for the whole
         # recomputation, and 256 B more in the attention: 5,312 B over of 2.9 MB).
@@ -115,7 +116,7 @@ def test_a_transformer_encoders_output_is_not_predicted_twice():
 
     graph = profiler.profile(model, inputs, loss_fn=loss_fn, fuse_loss=False).regroup("op").graph
     regions = ("layers.0", "layers.1", "layers.2")
-    predicted = _fixed_bytes(graph) + evaluate(graph, regions).outcome.peak_bytes + _rng_bytes(regions, [])
+    predicted = fixed_bytes(graph) + evaluate(graph, regions).outcome.peak_bytes + rng_bytes(regions, [])
     measured = measure_native(model, regions, inputs, loss_fn).peak_bytes
     assert 0 <= predicted - measured <= 0.015 * measured, (predicted, measured)
 
@@ -155,7 +156,7 @@ def test_gpt2_blocks_last_or_not_are_predicted_within_a_percent(gpt2_op_graph, r
     from models import hf_loss
 
     model, inputs, graph = gpt2_op_graph
-    predicted = _fixed_bytes(graph) + evaluate(graph, regions).outcome.peak_bytes + _rng_bytes(regions, [])
+    predicted = fixed_bytes(graph) + evaluate(graph, regions).outcome.peak_bytes + rng_bytes(regions, [])
     measured = measure_native(model, regions, inputs, hf_loss).peak_bytes
     assert -0.005 * measured <= predicted - measured <= 0.01 * measured, (predicted, measured)
 
@@ -163,8 +164,8 @@ def test_gpt2_blocks_last_or_not_are_predicted_within_a_percent(gpt2_op_graph, r
 def test_a_module_list_is_no_region():
     """A ModuleList is the path prefix of its children's ops but is never called: a checkpoint on it
     would be predicted to free memory that nothing frees."""
-    from planner.native import _called
+    from planner.native_solve import called_in_forward
 
     model = torch.nn.Sequential(torch.nn.Linear(2, 2))
     model.blocks = torch.nn.ModuleList([torch.nn.Linear(2, 2)])
-    assert not _called(model, "blocks") and _called(model, "blocks.0") and _called(model, "0")
+    assert not called_in_forward(model, "blocks") and called_in_forward(model, "blocks.0") and called_in_forward(model, "0")

@@ -13,7 +13,7 @@ from torch import nn
 import planner
 import profiler
 from models import gpt2, gpt2_inputs, hf_loss
-from planner.native import _check_times, measure_native
+from planner.native_measure import check_times, measure_native
 from planner.paired_timing import PairedTiming, disagreement, time_paired
 from planner.planfile import PlanWarning
 from profiler.measure import _extra_calls, _repeatable, _signature, time_ops
@@ -153,7 +153,7 @@ def test_a_step_far_from_its_prediction_warns_only_when_the_pairing_agrees(mlp_p
     one measured step only triggers the pairing; the warning needs the pairing's say-so. The
     pairing is stood in for here (a real one on a loaded 2-core machine is whatever the load makes
     it); that the planned model's steps are what it times is checked by the calls it gets."""
-    import planner.native as native
+    import planner.native_measure as native_measure
 
     plan, model, inputs = mlp_plan_and_model
     busy = replace(plan, measured_seconds=plan.predicted_seconds * 16.69)
@@ -163,10 +163,10 @@ def test_a_step_far_from_its_prediction_warns_only_when_the_pairing_agrees(mlp_p
         calls.append((time_eager(), time_planned()))  # real steps: seconds > 0
         return _pairing(*pairing)
 
-    monkeypatch.setattr(native, "time_paired", paired)
+    monkeypatch.setattr(native_measure, "time_paired", paired)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        _check_times(busy, model, inputs, lambda out: out.pow(2).mean())
+        check_times(busy, model, inputs, lambda out: out.pow(2).mean())
     assert len(calls) == 1 and all(a > 0 and b > 0 for a, b in calls)
     assert any(issubclass(w.category, PlanWarning) for w in caught) == warned
     assert all(p.grad is None for p in model.parameters())  # the pairing's steps do not train

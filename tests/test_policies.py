@@ -15,7 +15,8 @@ import torch
 
 import profiler
 from models import gpt2, gpt2_inputs, hf_loss, training_step
-from planner.native import _fixed_bytes, _rng_bytes, measure_native
+from planner.native_measure import measure_native
+from planner.native_solve import fixed_bytes, rng_bytes
 from runtime.native import apply_native, remove_native
 from runtime.save_policies import UnsafeSavePolicy
 from solvers.regions import SAVE_POLICIES, evaluate, region_costs
@@ -44,7 +45,7 @@ MODELS = {"gpt2": (_gpt2, "transformer.h"), "llama": (_llama, "model.layers")}
 
 
 def _predicted(graph, regions) -> int:
-    return _fixed_bytes(graph) + evaluate(graph, regions).outcome.peak_bytes + _rng_bytes(regions, [])
+    return fixed_bytes(graph) + evaluate(graph, regions).outcome.peak_bytes + rng_bytes(regions, [])
 
 
 @pytest.fixture(scope="module", params=sorted(MODELS))

@@ -86,12 +86,12 @@ def check_against_brute_force(graph, candidates, sequentials, policies, count: i
 def op_graph(model, inputs, loss_fn):
     """(op graph, module candidates, Sequential containers) as planner/native.py gives them to the search."""
     import profiler
-    from planner.native import _called, sequential_containers
+    from planner.native_solve import called_in_forward, sequential_containers
     from solvers.regions import candidate_regions
 
     profile = profiler.profile(model, inputs, loss_fn=loss_fn, granularity="op", fuse_loss=False)
     graph = profile.regroup("op").graph
-    return graph, [c for c in candidate_regions(graph) if _called(model, c)], sequential_containers(model)
+    return graph, [c for c in candidate_regions(graph) if called_in_forward(model, c)], sequential_containers(model)
 
 
 @pytest.fixture(scope="module")

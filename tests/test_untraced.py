@@ -13,7 +13,7 @@ import planner
 import profiler
 from benchmarks.zoo_models import _control_flow, _sparse_moe
 from models import gpt2, gpt2_inputs
-from planner.native import NativePlan
+from planner.native_plan import NativePlan
 from planner.planfile import PlanWarning
 from runtime.native import native_regions
 from solvers.regions import evaluate

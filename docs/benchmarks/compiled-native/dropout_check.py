@@ -14,7 +14,8 @@ import planner  # noqa: E402
 from models import gpt2, gpt2_inputs, hf_loss  # noqa: E402
 from planner.budget import Budget  # noqa: E402
 from planner.compiled import _least_plan, measure_compiled  # noqa: E402
-from planner.native import measure_native, plan_native  # noqa: E402
+from planner.native import plan_native  # noqa: E402
+from planner.native_measure import measure_native  # noqa: E402
 from solvers import Infeasible  # noqa: E402
 
 MiB = 2**20
