@@ -33,6 +33,7 @@ from .optimizer import OptimizerSpecError, optimizer_problem
 from .untraced import is_eager, plan_untraced
 from .loading import load
 from .planfile import Plan, PlanWarning, profile_fields
+from .repair import lower_by_miss_and_excess, measure_and_repair
 from .trainmode import NOTE as TRAINING_NOTE
 from .trainmode import training_step
 from .unplannable import unplannable_reason
@@ -222,18 +223,17 @@ def repaired_on_measurement(made: Plan, solve: Callable[[int], Plan], measure: C
     (a traced store-all GPT-2 on an H100: 166.5 MiB measured, 163.6 MiB predicted and budgeted; the
     allocation events of that step peaked at the prediction, so the excess is the caching
     allocator's block accounting, by our reading: docs/benchmarks/cuda.md). Each attempt lowers the budget the solver is
-    given by the last measured excess over the prediction; the plan keeps the budget it was asked for.
+    given by the last measured excess over the prediction, and by the excess over the budget
+    (planner/repair.py's loop, its rule :func:`~planner.repair.lower_by_miss_and_excess`; at most
+    ``attempts`` plans measured); the plan keeps the budget it was asked for.
     Raises :class:`BudgetInfeasible` when no attempt measures within it."""
     budget_bytes, asked = made.budget_bytes, made
-    for _ in range(attempts):
-        measured = measure(made)
-        if measured <= budget_bytes:
-            return made if made is asked else replace(made, budget_bytes=budget_bytes, budget_text=asked.budget_text)
-        target = made.budget_bytes - (measured - made.predicted_peak_bytes) - (measured - budget_bytes)
-        try:
-            made = solve(target)
-        except BudgetInfeasible:
-            break
+    repair = measure_and_repair(solve, measure, budget_bytes, lower_by_miss_and_excess(lambda p: p.predicted_peak_bytes),
+                                max_attempts=attempts, first=made)
+    if repair.fitting is not None:
+        fitted = repair.fitting.plan
+        return fitted if fitted is asked else replace(fitted, budget_bytes=budget_bytes, budget_text=asked.budget_text)
+    measured = repair.last.measured_bytes
     raise BudgetInfeasible(
         f"budget {asked.budget_text} ({format_bytes(budget_bytes)}): the plans the solver makes for it measure above it "
         f"on this device (last measured {format_bytes(measured)}; the CUDA allocator holds more than the "

@@ -16,7 +16,8 @@ is measured.
    over the eager one (compiled steps hold less), then a safeguarded secant search (bisection when
    the secant leaves the bracket) on the eager target between the largest target whose compiled
    step fits and the smallest that does not. Each new set of regions is applied, compiled and
-   measured; a set met before is not compiled again. At most ``max_compiles`` compiles (the
+   measured (planner/repair.py's measure-and-repair loop, the secant its rule for the next
+   target); a set met before is not compiled again. At most ``max_compiles`` compiles (the
    un-checkpointed one included); when no candidate has fit by the last one, the last is the eager
    search's least plan, so a refusal's ``min_budget`` is the least compiled peak measured.
 3. The plan is the fastest measured candidate within the budget; candidates whose measured steps are
@@ -46,6 +47,7 @@ from .native import plan_native, refuse_wrapped
 from .native_plan import NativePlan
 from .native_request import native_profile
 from .planfile import PlanFileError, _list, _mapping, _seconds, _text, _whole
+from .repair import measure_and_repair
 
 MAX_COMPILES = 5  # per plan, the un-checkpointed step's compile included (10-70 s each on GPT-2 on 2 CPU cores)
 # Timed steps per candidate (median), after the compiling warm-up and the measured step: the first
@@ -283,64 +285,109 @@ def _least_plan(eager, error: Infeasible, fixed_bytes: int) -> tuple[int, Native
     return None
 
 
+@dataclass
+class _Bracket:
+    """The compiled search's state, eager targets in bytes: the largest known to fit compiled
+    (``lo``) and the smallest known not to (``hi``), with their compiled peaks; the least target the
+    eager search reaches (``floor``, once known); the last (target, compiled peak) measured."""
+
+    hi: float
+    hi_peak: int
+    previous: tuple[float, int]
+    lo: float | None = None
+    lo_peak: int | None = None
+    floor: int | None = None
+
+
+@dataclass(frozen=True)
+class _Candidate:
+    """An eager plan and the eager target it was made for: the least target the search reaches when
+    the one asked for was refused."""
+
+    target_bytes: int
+    plan: NativePlan
+
+
 def _search(search: _Search, eager, plans: dict, eager_peak: int, none: CompiledCandidate, budget_bytes: int,
             fixed_bytes: int) -> None:
     """Measure candidates for eager targets until the bracket between the largest target that fits
     compiled (``lo``) and the smallest that does not (``hi``) is narrower than :data:`RESOLUTION`,
-    or the compiles run out."""
-    hi, hi_peak = eager_peak, none.peak_bytes  # checkpointing nothing does not fit
-    lo = lo_peak = None
-    floor = None  # the eager search's least target, once known
-    target = budget_bytes * eager_peak / none.peak_bytes  # compiled steps hold less than eager ones
-    previous = (hi, hi_peak)
-    for _ in range(4 * search.max_compiles):  # a target whose regions were measured before costs no compile
-        if search.compiles >= search.max_compiles:
-            return
-        if lo is None and search.compiles == search.max_compiles - 1:
-            # The last compile, nothing fits yet: the least the eager search reaches, for the refusal's minimum.
-            if floor is None:
-                try:
-                    eager(1)
-                except Infeasible as error:
-                    least = _least_plan(eager, error, fixed_bytes)
-                    floor = None if least is None else least[0]
-            if floor is not None:
-                target = floor
-        target = int(target)
+    or the compiles run out: planner/repair.py's loop, with the safeguarded secant as its rule."""
+    bracket = _Bracket(hi=eager_peak, hi_peak=none.peak_bytes, previous=(eager_peak, none.peak_bytes))
+
+    def solve(target: int) -> _Candidate:
         try:
-            plan = eager(target)
+            return _Candidate(target, eager(target))
         except Infeasible as error:
-            if floor is not None and target <= floor:
-                return
+            if bracket.floor is not None and target <= bracket.floor:
+                raise  # the least the eager search reaches was tried already: stop
             least = _least_plan(eager, error, fixed_bytes)
             if least is None:
-                return
-            floor, plan = least
-            target = floor
-        plans.setdefault(tuple(plan.regions), plan)
-        measured = search.measure(plan, target)
-        if measured.peak_bytes <= budget_bytes:
-            lo, lo_peak = target, measured.peak_bytes
+                raise
+            bracket.floor, plan = least
+            return _Candidate(bracket.floor, plan)
+
+    def measure(candidate: _Candidate) -> int:
+        plans.setdefault(tuple(candidate.plan.regions), candidate.plan)
+        return search.measure(candidate.plan, candidate.target_bytes).peak_bytes
+
+    def next_target(attempts, budget: int) -> int | None:
+        if not attempts:
+            guess = budget * eager_peak / none.peak_bytes  # compiled steps hold less than eager ones
         else:
-            if floor is not None and target <= floor:
-                return  # the least the eager search reaches does not fit compiled
-            hi, hi_peak = target, measured.peak_bytes
-        if lo is not None and hi - lo < RESOLUTION * eager_peak:
-            return
-        # The next target: the secant through the last two measured points, aimed at the budget,
-        # kept inside the bracket's middle half (bisection when it leaves it).
-        point = (target, measured.peak_bytes)
-        if lo is None:
-            low_end = floor if floor is not None else 0
-            guess = _secant(previous, point, budget_bytes)
-            step = RESOLUTION * eager_peak
-            target = min(guess if guess is not None else (low_end + hi) / 2, hi - step)
-            target = max(target, low_end)
-        else:
-            guess = _secant((lo, lo_peak), (hi, hi_peak), budget_bytes)
-            quarter = (hi - lo) / 4
-            target = (lo + hi) / 2 if guess is None else min(max(guess, lo + quarter), hi - quarter)
-        previous = point
+            last = attempts[-1]
+            guess = _secant_step(bracket, last.plan.target_bytes, last.measured_bytes, budget, eager_peak)
+            if guess is None:
+                return None
+        return _within_compiles(search, bracket, eager, fixed_bytes, guess)
+
+    # A target whose regions were measured before costs no compile: more attempts than compiles.
+    measure_and_repair(solve, measure, budget_bytes, next_target, max_attempts=4 * search.max_compiles)
+
+
+def _secant_step(bracket: _Bracket, target: int, peak: int, budget_bytes: int, eager_peak: int) -> float | None:
+    """The next eager target after ``target`` measured at compiled ``peak`` (bytes), the bracket
+    updated; None to stop: the least target the eager search reaches does not fit compiled, or the
+    bracket is narrower than :data:`RESOLUTION` of the eager peak. The secant through the last two
+    measured points, aimed at the budget, kept inside the bracket's middle half (bisection when it
+    leaves it)."""
+    if peak <= budget_bytes:
+        bracket.lo, bracket.lo_peak = target, peak
+    else:
+        if bracket.floor is not None and target <= bracket.floor:
+            return None  # the least the eager search reaches does not fit compiled
+        bracket.hi, bracket.hi_peak = target, peak
+    lo, hi = bracket.lo, bracket.hi
+    if lo is not None and hi - lo < RESOLUTION * eager_peak:
+        return None
+    point, previous = (target, peak), bracket.previous
+    bracket.previous = point
+    if lo is None:
+        low_end = bracket.floor if bracket.floor is not None else 0
+        guess = _secant(previous, point, budget_bytes)
+        step = RESOLUTION * eager_peak
+        return max(min(guess if guess is not None else (low_end + hi) / 2, hi - step), low_end)
+    guess = _secant((lo, bracket.lo_peak), (hi, bracket.hi_peak), budget_bytes)
+    quarter = (hi - lo) / 4
+    return (lo + hi) / 2 if guess is None else min(max(guess, lo + quarter), hi - quarter)
+
+
+def _within_compiles(search: _Search, bracket: _Bracket, eager, fixed_bytes: int, target: float) -> int | None:
+    """``target`` as the next eager target (whole bytes), None when the compiles are spent; at the
+    last compile with nothing fitting yet, the least target the eager search reaches instead, so
+    that a refusal's minimum is the least compiled peak."""
+    if search.compiles >= search.max_compiles:
+        return None
+    if bracket.lo is None and search.compiles == search.max_compiles - 1:
+        if bracket.floor is None:
+            try:
+                eager(1)
+            except Infeasible as error:
+                least = _least_plan(eager, error, fixed_bytes)
+                bracket.floor = None if least is None else least[0]
+        if bracket.floor is not None:
+            target = bracket.floor
+    return int(target)
 
 
 def _secant(a: tuple[int, int], b: tuple[int, int], goal: int) -> float | None:

@@ -7,7 +7,7 @@ budget is measured before the refusal. Bytes throughout.
 from __future__ import annotations
 
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from solvers import Infeasible
 from solvers.regions import evaluate
@@ -18,6 +18,7 @@ from .native_measure import eager_timed, measure_native
 from .native_request import NativeRequest, ResolvedBudget
 from .native_solve import METHOD, WrapperBytes, solve_native
 from .optimizer import NO_OPTIMIZER, IterationMemory
+from .repair import lower_by_excess, measure_and_repair
 
 REPAIRS = 3  # re-solves after a measured peak over the budget
 
@@ -31,9 +32,27 @@ def _measured_regions(request: NativeRequest, regions):
         + request.iteration.state_bytes))
 
 
+@dataclass
+class _TimedSearch:
+    """:func:`solve_native` for the request at a target (whole-step bytes), its seconds summed."""
+
+    request: NativeRequest
+    seconds: float = 0.0  # in the search, the measurements apart
+
+    def __call__(self, target_bytes: int):
+        request = self.request
+        started = time.perf_counter()
+        found = solve_native(request.profile, request.model, target_bytes, request.time_limit,
+                             extra_bytes=request.iteration.state_bytes, wrapper=request.wrapper,
+                             policies=request.policies)
+        self.seconds += time.perf_counter() - started
+        return found
+
+
 def search_measure_repair(request: NativeRequest, resolved: ResolvedBudget):
     """``(solved, held, measured, solving seconds)``: the search's plan for the budget, measured, and
-    searched again for less by what the measurement missed (at most :data:`REPAIRS` times)."""
+    searched again for less by what the measurement missed (planner/repair.py's loop, its rule
+    :func:`~planner.repair.lower_by_excess`: at most :data:`REPAIRS` times)."""
     budget_bytes, eager = resolved.budget_bytes, resolved.eager
     # The un-checkpointed step measured within the budget needs nothing, whatever the prediction says
     # (a few bytes above the measurement on a tiny model made "100%" infeasible).
@@ -42,26 +61,32 @@ def search_measure_repair(request: NativeRequest, resolved: ResolvedBudget):
             eager = replace(measure_native(request.model, (), request.example_inputs, request.loss_fn, warm_up=False),
                             peak_bytes=eager.peak_bytes)
         return evaluate(request.op_graph, ()), request.fixed_bytes, eager, 0.0
-    target = budget_bytes
-    measured = None
-    solving = 0.0  # seconds in the search, the measurements apart
-    for _ in range(REPAIRS + 1):
+    search = _TimedSearch(request)
+    if not request.measure:
         try:
-            search_started = time.perf_counter()
-            solved, held = solve_native(request.profile, request.model, target, request.time_limit,
-                                        extra_bytes=request.iteration.state_bytes, wrapper=request.wrapper,
-                                        policies=request.policies)
-            solving += time.perf_counter() - search_started
+            solved, held = search(budget_bytes)
         except Infeasible as error:
-            return (*_least_or_refusal(request, error, budget_bytes, eager, measured, target), solving)
-        if not request.measure:
-            return solved, held, None, solving
-        measured = _measured_regions(request, solved.regions)
-        if measured.peak_bytes <= budget_bytes:
-            return solved, held, measured, solving
-        target -= measured.peak_bytes - budget_bytes  # the prediction missed by this much: ask for less
-    raise Infeasible(_measured_over(request.budget, budget_bytes, measured.peak_bytes, target),
-                     min_budget=measured.peak_bytes, method=METHOD)
+            return (*_least_or_refusal(request, error, budget_bytes, eager, None, budget_bytes), search.seconds)
+        return solved, held, None, search.seconds
+    measurements = {}  # regions -> the step measured with them (seconds besides the peak)
+
+    def measure(found) -> int:
+        regions = found[0].regions
+        measurements[regions] = _measured_regions(request, regions)
+        return measurements[regions].peak_bytes
+
+    repair = measure_and_repair(search, measure, budget_bytes, lower_by_excess, max_attempts=REPAIRS + 1)
+    last = repair.last
+    measured = None if last is None else measurements[last.plan[0].regions]
+    if repair.fitting is not None:
+        return (*last.plan, measured, search.seconds)
+    if repair.refusal is not None:
+        return (*_least_or_refusal(request, repair.refusal, budget_bytes, eager, measured,
+                                   repair.refused_target_bytes), search.seconds)
+    # Every repair measured over: the refusal names the target the next repair would have asked for.
+    raise Infeasible(_measured_over(request.budget, budget_bytes, last.measured_bytes,
+                                    lower_by_excess(repair.attempts, budget_bytes)),
+                     min_budget=last.measured_bytes, method=METHOD)
 
 
 def _least_or_refusal(request: NativeRequest, error: Infeasible, budget_bytes: int, eager, measured, target: int):

@@ -91,3 +91,57 @@ def test_a_near_miss_measures_the_least_plan_without_save_policies_too(monkeypat
 @dataclass(frozen=True)
 class _Regions:
     regions: tuple[str, ...]
+
+
+def _native_repair_stand_ins(monkeypatch, peak_of):
+    """planner/native_repair.py with the search and the measurement stood in: each search returns a
+    new region (``h.1``, ``h.2``, ...), each measurement ``peak_of(regions)``; the targets asked are
+    recorded. Returns (search_measure_repair's request, resolved budget, the targets asked)."""
+    from types import SimpleNamespace
+
+    import planner.native_repair as native_repair
+    from planner.budget import Budget
+    from planner.native_request import ResolvedBudget
+    from planner.native_solve import no_wrapper
+    from planner.optimizer import NO_OPTIMIZER
+    from profiler.memory import StepMeasurement
+
+    asked = []
+
+    def solve(profile, model, target, time_limit, extra_bytes=0, wrapper=no_wrapper, policies=()):
+        asked.append(target)
+        return _Regions((f"h.{len(asked)}",)), 0
+
+    def measure(model, regions, inputs, loss_fn, warm_up=True):
+        peak = peak_of(tuple(regions))
+        return StepMeasurement(peak, 0, peak, 0.1, 1, "cpu")
+
+    monkeypatch.setattr(native_repair, "solve_native", solve)
+    monkeypatch.setattr(native_repair, "measure_native", measure)
+    request = SimpleNamespace(model=None, example_inputs=None, loss_fn=None, warm=True, iteration=NO_OPTIMIZER,
+                              wrapper=no_wrapper, profile=None, time_limit=None, policies=(), measure=True,
+                              budget=Budget(bytes=1_000))
+    return request, ResolvedBudget(1_000, 2_000, None, False), asked
+
+
+def test_a_native_plan_measured_over_is_searched_again_for_less_by_the_excess(monkeypatch):
+    """Native plans (planner/native_repair.py on planner/repair.py's loop): the first plan measures
+    30 bytes over the budget, so the search is asked for 30 bytes less, and that plan fits."""
+    import planner.native_repair as native_repair
+
+    request, resolved, asked = _native_repair_stand_ins(monkeypatch, lambda regions: 1_030 if regions == ("h.1",)
+                                                        else 990)
+    solved, held, measured, _ = native_repair.search_measure_repair(request, resolved)
+    assert asked == [1_000, 970]
+    assert solved.regions == ("h.2",) and held == 0 and measured.peak_bytes == 990
+
+
+def test_native_plans_that_never_measure_within_the_budget_are_refused_after_the_repairs(monkeypatch):
+    import planner.native_repair as native_repair
+    from solvers import Infeasible
+
+    request, resolved, asked = _native_repair_stand_ins(monkeypatch, lambda regions: 1_030)
+    with pytest.raises(Infeasible, match="measured over it") as refused:
+        native_repair.search_measure_repair(request, resolved)
+    assert asked == [1_000, 970, 940, 910] and len(asked) == native_repair.REPAIRS + 1
+    assert refused.value.min_budget == 1_030
