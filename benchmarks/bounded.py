@@ -4,7 +4,7 @@ what does not fit").
 For each model: the native planner's profile (single ops, the cross-entropy backward unfused) made
 whole, then within half and a tenth of the un-checkpointed step's predicted peak (a step 2x and 10x
 over the bound: profiler/rematerialize.py evicts and recomputes). For each profile: its time, what it
-held at most, the op calls it made again, and the region search (planner/native.py solve_native, no
+held at most, the op calls it made again, and the region search (planner/native_solve.py solve_native, no
 measurement) at 50% and 30% of the peak: are the regions the full profile's, and is the predicted
 step within 3% of the full profile's prediction for the same regions?
 

@@ -5,7 +5,7 @@ nn.Sequential's children) with torch.utils.checkpoint; the traced executor runs 
 profiled graph. For each benchmark model and a 12-layer GPT-2, one profile (the cross-entropy
 backward unfused, as eager autograd runs it, so both plan the same graph), then at each budget:
 
-- native: planner/native.py's search over checkpoint regions (predicted; not measured here),
+- native: planner/native_solve.py's search over checkpoint regions (predicted; not measured here),
 - unrestricted: the best of the traced solvers ``dp`` (over every grouping) and ``auto``,
 
 both as predicted step time over no checkpointing (same measured op times, so the ratio is not

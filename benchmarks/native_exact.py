@@ -2,7 +2,7 @@
 
 For each benchmark model (benchmarks/models.py) and the 12-layer GPT-2 of benchmarks/plan_speed.py
 (examples/gpt2.py), one profile as planner/native.py makes it (op granularity, the cross-entropy
-backward unfused), the menu planner/native.py gives (the modules the forward calls, the runs of
+backward unfused), the menu planner/native_solve.py gives (the modules the forward calls, the runs of
 every nn.Sequential's children, the four save policies), then at each budget (a fraction of the
 predicted un-checkpointed activation peak: the schedule's part, what the solvers plan):
 

@@ -8,7 +8,7 @@ from profiler.memory import StepMeasurement, measure_step
 def measure_planned_step(module, example_inputs, loss_fn, repeats: int, warm_up: bool = True) -> StepMeasurement:
     """profiler.memory.measure_step (peak in bytes, seconds per step over ``repeats``), leaving the
     parameters' ``.grad`` as they were: planning must not train, and a planning step's gradients would
-    otherwise be added to the user's first real step's. Used by planner/native.py's measured native
+    otherwise be added to the user's first real step's. Used by planner/native_measure.py's measured native
     plans, planner/compiled.py and the traced plans' repair on CUDA (planner/api.py).
 
     ``warm_up=False`` (on CPU; CUDA always warms up) measures the peak on the first step, without

@@ -7,7 +7,7 @@ graph, which for a native plan is the region graph and schedule of solvers/regio
 un-checkpointed time; what is held besides the schedule) and checks the rest for consistency: a measured figure
 cannot be recomputed, but a measured peak over the budget, or one absurdly far from the prediction,
 is not a measurement this tool wrote. Each function returns what is wrong, in words, or None;
-planner/planfile.py and planner/native.py raise it as a ``PlanFileError``.
+planner/planfile.py and planner/native_plan.py raise it as a ``PlanFileError``.
 """
 
 from __future__ import annotations

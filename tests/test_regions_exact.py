@@ -84,7 +84,7 @@ def check_against_brute_force(graph, candidates, sequentials, policies, count: i
 # -- small real models, profiled once per module ---------------------------------------------------------------
 
 def op_graph(model, inputs, loss_fn):
-    """(op graph, module candidates, Sequential containers) as planner/native.py gives them to the search."""
+    """(op graph, module candidates, Sequential containers) as planner/native_solve.py gives them to the search."""
     import profiler
     from planner.native_solve import called_in_forward, sequential_containers
     from solvers.regions import candidate_regions

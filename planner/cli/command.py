@@ -42,7 +42,7 @@ USAGE = """plan-checkpoints MODEL.py --budget BUDGET [options]   plan one model 
 def _methods() -> list[str]:
     from solvers import METHODS
 
-    # regions: the native executor's exact search (solvers/native, planner/native.py), listed once
+    # regions: the native executor's exact search (solvers/native, planner/native_solve.py), listed once
     return ["auto", *dict.fromkeys(["regions", *METHODS])]
 
 
