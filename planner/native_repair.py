@@ -28,8 +28,7 @@ def _measured_regions(request: NativeRequest, regions):
     measured = measure_native(request.model, regions, request.example_inputs, request.loss_fn,
                               warm_up=not request.warm)
     return replace(measured, peak_bytes=request.iteration.peak(
-        measured.peak_bytes + request.wrapper(regions)
-        + request.iteration.state_bytes))
+        measured.peak_bytes + request.wrapper(regions) + request.iteration.state_bytes))
 
 
 @dataclass
