@@ -30,6 +30,7 @@ def _model_file(config: dict):
 
 
 def test_a_sweep_compares_executors_and_its_native_row_is_planner_plans(tmp_path, capsys):
+    from planner.sweep.clockcache import restore_clock
     from planner.sweep.profilecache import ProfileCache
 
     config = yaml.safe_load(open(EXECUTORS_CONFIG))
@@ -63,12 +64,12 @@ def test_a_sweep_compares_executors_and_its_native_row_is_planner_plans(tmp_path
     code, shown, _ = run_here(capsys, "show", out / "plans" / "gpt2-tiny__60pct__auto__native.json")
     assert code == 0 and "Executor:          native" in shown and "Checkpointed:" in shown, shown
 
-    # planner.plan on the same model, inputs, budget and op times (the sweep's cache) gives the same plan.
+    # planner.plan on the same model, inputs, budget and measurements (the sweep's cache) gives the same plan.
     loaded = _model_file(config)
     model, inputs, loss_fn = loaded.model, loaded.example_inputs, loaded.loss_fn
     times = ProfileCache(cache)
     profile = planner.profile_for(model, inputs, loss_fn=loss_fn, times_cache=times)
-    assert times.hits == 1
+    assert times.hits == 1 and restore_clock(profile, times)  # the op times and checkpoint clock the sweep measured
     made = planner.plan(model, inputs, "60%", loss_fn=loss_fn, time_limit=config["time_limit"], profile=profile)
     assert made.regions == plan.regions
     assert made.predicted_peak_bytes == int(native["predicted_peak_bytes"])

@@ -5,9 +5,10 @@ measurement is over the budget: planner/native.py), so a native run cannot be so
 profile alone, as a traced run is (planner/sweep/tasks.py). Each native run loads its model,
 profiles it with :func:`planner.api.profile_for` and plans it with :func:`planner.api.plan`, the
 calls the command line makes: a sweep's native row is the plan planner.plan returns for the same
-model, inputs and budget. The op times, the expensive part of the profile, come from the sweep's
-profile cache (planner/sweep/profilecache.py) after the model's first run, so the runs of one
-model after the first only trace it.
+model, inputs and budget. The op times, the expensive part of the profile, and the checkpoint
+clock the plans are priced with come from the sweep's profile cache (planner/sweep/profilecache.py,
+clockcache.py) after the model's first run, so the runs of one model after the first only trace it,
+and price their plans with the same figures.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ def _planned(run: Run, cache_dir: str | None) -> Outcome:
 
     from ..api import BudgetInfeasible, plan, plan_untraceable, profile_for
     from ..cli.modelfile import guarded
+    from .clockcache import keep_clock, restore_clock
     from .profilecache import ProfileCache
 
     spec, executor = run.model, run.executor.plan_argument
@@ -62,8 +64,14 @@ def _planned(run: Run, cache_dir: str | None) -> Outcome:
                 made = plan_untraceable(model, inputs, run.budget, loss_fn=loss_fn, reason=error.reason,
                                         time_limit=spec.time_limit)
             else:
-                made = plan(model, inputs, run.budget, solver=run.solver, loss_fn=loss_fn, time_limit=spec.time_limit,
-                            granularity=spec.granularity, profile=profile, executor=executor)
+                clock_kept = cache is not None and restore_clock(profile, cache)
+                try:
+                    made = plan(model, inputs, run.budget, solver=run.solver, loss_fn=loss_fn,
+                                time_limit=spec.time_limit, granularity=spec.granularity, profile=profile,
+                                executor=executor)
+                finally:  # measured for a refused budget too: the model's next runs price with it
+                    if cache is not None and not clock_kept:
+                        keep_clock(profile, cache)
     except BudgetInfeasible as error:
         return Outcome(INFEASIBLE, method=error.method or run.solver, executor=run.executor.name,
                        error=str(error).strip().splitlines()[0], budget_bytes=run.budget.bytes,
