@@ -399,12 +399,7 @@ def _model(reader: _Reader, node: yaml.Node, index: int, folder: str, defaults: 
         raise reader.error(node, f"{what} ({name}) has no budgets: give 'budgets' at the top of the file or in the model")
     solvers = reader.solvers(keys["solvers"]) if "solvers" in keys else defaults["solvers"]
     executors = reader.executors(keys["executor"]) if "executor" in keys else defaults["executor"]
-    if executors is not None:
-        for solver, solver_node in solvers:
-            problem = refusal(executors, solver)
-            if problem:
-                where = solver_node if solver_node is not None else keys.get("executor", node)
-                raise reader.error(where, f"{what} ({name}): {problem}")
+    _check_executors(reader, f"{what} ({name})", executors, solvers, keys.get("executor", node))
     spec = ModelSpec(
         name=name, file=file, **functions, **kwargs,
         time_limit=reader.time_limit(keys["time_limit"]) if "time_limit" in keys else defaults["time_limit"],
@@ -412,6 +407,16 @@ def _model(reader: _Reader, node: yaml.Node, index: int, folder: str, defaults: 
         file_digest=_file_digest(file),
     )
     return spec, budgets, [solver for solver, _ in solvers], executors
+
+
+def _check_executors(reader: _Reader, what: str, executors: list[str] | None, solvers: list[tuple[str, yaml.Node]],
+                     executor_node: yaml.Node) -> None:
+    """Every solver is run by one of the model's executors (``executors`` None: planner.plan's
+    default for each, which always runs it); the error is at the solver's line."""
+    for solver, solver_node in solvers if executors is not None else ():
+        problem = refusal(executors, solver)
+        if problem:
+            raise reader.error(solver_node if solver_node is not None else executor_node, f"{what}: {problem}")
 
 
 def _device(reader: _Reader, node: yaml.Node) -> str:
