@@ -47,7 +47,7 @@ class _Parser(argparse.ArgumentParser):
 
 def _parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="plan-checkpoints batch",
-                     description="Plan every model x budget x solver of a YAML sweep file (docs/batch.md).")
+                     description="Plan every model x budget x solver x executor of a YAML sweep file (docs/batch.md).")
     parser.add_argument("config", help="the sweep's YAML file")
     parser.add_argument("--out", default=None, help="output folder (default: CONFIG's name + '-results', here)")
     parser.add_argument("--jobs", type=int, default=1, help="worker processes solving in parallel (default: 1)")

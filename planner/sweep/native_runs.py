@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import time
 import warnings
+from dataclasses import replace
 
 from .config import Run
 from .tasks import ERROR, INFEASIBLE, Outcome, _busy, describe, load_model, profile_facts
@@ -24,18 +25,25 @@ from .tasks import ERROR, INFEASIBLE, Outcome, _busy, describe, load_model, prof
 def plan_native_run(run: Run, cache_dir: str | None) -> Outcome:
     """Load, profile and plan one run as planner.plan does for ``run.executor``; failures become
     an Outcome, never an exception. The planner's warnings about the plan go in ``Outcome.notes``."""
+    from ..fallback import FallbackWarning
+    from ..planfile import PlanWarning
+
     with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
+        for category in (PlanWarning, FallbackWarning):  # each run's own, even where an earlier run said the same
+            warnings.simplefilter("always", category)
         outcome = _planned(run, cache_dir)
+    for other in (w for w in caught if not _about_the_plan(w)):  # shown as they would have been
+        warnings.showwarning(other.message, other.category, other.filename, other.lineno)
     notes = tuple(dict.fromkeys(" ".join(str(w.message).split()) for w in caught if _about_the_plan(w)))
-    return Outcome(**{**outcome.__dict__, "notes": notes}) if notes else outcome
+    return replace(outcome, notes=notes) if notes else outcome
 
 
 def _about_the_plan(caught: warnings.WarningMessage) -> bool:
     """The planner's own warnings (PlanWarning, FallbackWarning), not libraries' deprecations."""
+    from ..fallback import FallbackWarning
     from ..planfile import PlanWarning
 
-    return issubclass(caught.category, PlanWarning) or caught.category.__name__ == "FallbackWarning"
+    return issubclass(caught.category, (PlanWarning, FallbackWarning))
 
 
 def _planned(run: Run, cache_dir: str | None) -> Outcome:
