@@ -72,6 +72,7 @@ def test_a_sweep_compares_executors_and_its_native_row_is_planner_plans(tmp_path
     assert times.hits == 1 and restore_clock(profile, times)  # the op times and checkpoint clock the sweep measured
     made = planner.plan(model, inputs, "60%", loss_fn=loss_fn, time_limit=config["time_limit"], profile=profile)
     assert made.regions == plan.regions
+    assert made.predicted_seconds == plan.predicted_seconds  # priced with the same clock (re-measured, it differs)
     assert made.predicted_peak_bytes == int(native["predicted_peak_bytes"])
     assert made.method == native["method"] and made.status == native["status"]
 
@@ -171,3 +172,4 @@ def test_native_runs_record_their_failures_and_the_sweep_goes_on(tmp_path):
     assert "good at 1kB with auto: infeasible" in result.stderr  # auto's default executor: no label
     assert "good at 1kB with auto (traced): infeasible" in result.stderr
     assert not (out / "plans").exists() or not os.listdir(out / "plans")  # no plan, no half-written file
+
