@@ -50,6 +50,7 @@ def _planned(run: Run, cache_dir: str | None) -> Outcome:
     import profiler
 
     from ..api import BudgetInfeasible, plan, plan_untraceable, profile_for
+    from ..bounded import device_memory_of, profiling_bound
     from ..cli.modelfile import guarded
     from .clockcache import keep_clock, restore_clock
     from .profilecache import ProfileCache
@@ -65,9 +66,12 @@ def _planned(run: Run, cache_dir: str | None) -> Outcome:
     profile = None
     try:
         with guarded(spec.file, "in the model's forward or loss_fn"):  # sys.exit() there fails this run only
+            # As the command line: profiling holds at most a byte budget (or the device's memory).
+            device_memory = device_memory_of(model, inputs)
             try:
                 profile = profile_for(model, inputs, loss_fn=loss_fn, granularity=spec.granularity, solver=run.solver,
-                                      executor=executor, times_cache=cache)
+                                      executor=executor, memory_bound=profiling_bound(run.budget, device_memory),
+                                      times_cache=cache)
             except profiler.TraceError as error:  # as the command line: a native plan of the eager step
                 made = plan_untraceable(model, inputs, run.budget, loss_fn=loss_fn, reason=error.reason,
                                         time_limit=spec.time_limit)
@@ -76,7 +80,7 @@ def _planned(run: Run, cache_dir: str | None) -> Outcome:
                 try:
                     made = plan(model, inputs, run.budget, solver=run.solver, loss_fn=loss_fn,
                                 time_limit=spec.time_limit, granularity=spec.granularity, profile=profile,
-                                executor=executor)
+                                executor=executor, device_memory=device_memory)
                 finally:  # measured for a refused budget too: the model's next runs price with it
                     if cache is not None and not clock_kept:
                         keep_clock(profile, cache)
