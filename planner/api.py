@@ -333,18 +333,20 @@ def plan_from_profile(profile: profiler.Profile, budget="100%", solver: str = "a
 
 
 def profile_for(model: torch.nn.Module, example_inputs, loss_fn: Callable | None = None, granularity="module",
-                solver: str = "auto", executor: str | None = None, memory_bound: int | None = None
-                ) -> profiler.Profile:
+                solver: str = "auto", executor: str | None = None, memory_bound: int | None = None,
+                times_cache: profiler.api.TimesCache | None = None) -> profiler.Profile:
     """The profile :func:`plan` makes for these arguments, to pass back as ``plan(..., profile=)``: the
     native executor plans what eager autograd runs (the cross-entropy backward unfused), the traced
     one what its trace runs (fused, profiler/fusions.py). ``memory_bound``: bytes profiling may hold
-    (planner/bounded.py, ``profiling_bound``)."""
+    (planner/bounded.py, ``profiling_bound``). ``times_cache``: op times measured before
+    (:func:`profiler.profile`'s; sweeps pass planner/sweep/profilecache.py's)."""
     native = _executor(executor, solver) == "native"
     _refuse_unplannable(model, example_inputs)
     if not native:
         return profiler.profile(model, example_inputs, loss_fn=loss_fn, granularity=granularity, fuse_loss=True,
-                                memory_bound=memory_bound)
-    return native_profile(model, example_inputs, loss_fn, granularity=granularity, memory_bound=memory_bound)
+                                memory_bound=memory_bound, times_cache=times_cache)
+    return native_profile(model, example_inputs, loss_fn, granularity=granularity, memory_bound=memory_bound,
+                          times_cache=times_cache)
 
 
 def _refuse_unplannable(model, example_inputs) -> None:

@@ -26,14 +26,15 @@ from .optimizer import IterationMemory, held_at_the_end, iteration_memory, step_
 
 
 def native_profile(model: torch.nn.Module, example_inputs, loss_fn=None, granularity="op",
-                   memory_bound: int | None = None) -> profiler.Profile:
+                   memory_bound: int | None = None, times_cache=None) -> profiler.Profile:
     """The profile a native plan is made on: the step as eager autograd runs it (the cross-entropy
     backward unfused: two logits-sized ops), a stacked RNN's layers as modules the search can
     checkpoint (runtime/rnn.py), a Hugging Face decoder's cache off as the planned model trains
-    (runtime/hf_cache.py). ``memory_bound``: bytes profiling may hold (planner/bounded.py)."""
+    (runtime/hf_cache.py). ``memory_bound``: bytes profiling may hold (planner/bounded.py);
+    ``times_cache``: :func:`profiler.profile`'s (op times measured before)."""
     with staged_for_trace(model), cache_off_while_planning(model):
         return profiler.profile(model, example_inputs, loss_fn=loss_fn, granularity=granularity, fuse_loss=False,
-                                memory_bound=memory_bound)
+                                memory_bound=memory_bound, times_cache=times_cache)
 
 
 @dataclass(frozen=True)

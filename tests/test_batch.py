@@ -107,8 +107,8 @@ def test_example_configs_run_end_to_end(tmp_path, name, jobs):
         else:
             assert int(row["predicted_peak_bytes"]) < int(row["unplanned_peak_bytes"])
     markdown = (out / "results.md").read_text().splitlines()
-    assert markdown[0] == ("| model | budget | solver | predicted peak | predicted overhead | solve time | status | "
-                           "proven gap | error |")
+    assert markdown[0] == ("| model | budget | solver | executor | predicted peak | measured peak | predicted overhead | "
+                           "solve time | status | proven gap | error |")
     assert len(markdown) == total + 2
     for model in config["models"]:
         assert_png(out / "plots" / f"{model['name']}.png")
@@ -246,8 +246,8 @@ CONFIG_ERRORS = [
      ["line 4", "unknown key 'model_kwarg' in models[0]", "model_kwargs:", "inputs_kwargs:"]),
     ("budgets: [60%]\nsolvers: [dp, magic]\nmodels:\n  - file: model.py\n",
      ["line 2", "unknown solver 'magic'", "chen-greedy"]),
-    ("budgets: [60%]\nsolvers: [regions]\nmodels:\n  - file: model.py\n",
-     ["line 2", "solver regions plans the native executor", "--solver regions"]),
+    ("budgets: [60%]\nexecutor: traced\nsolvers: [regions]\nmodels:\n  - file: model.py\n",
+     ["line 3", "solver regions plans the native executor", "executor: native or [native, traced]"]),
     ("budgets: [60%]\nmodels:\n  - file: model.py\n  - file: nowhere.py\n", ["line 4", "nowhere.py does not exist"]),
     ("models:\n  - file: model.py\n    budgets: [60%, -5GB]\n", ["line 3", "'-5GB' is not valid", "60%"]),
     ("budgets: [60%, 60%]\nmodels:\n  - file: model.py\n", ["line 1", "listed twice"]),

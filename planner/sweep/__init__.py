@@ -1,7 +1,10 @@
 """The sweep tool, ``plan-checkpoints batch CONFIG.yaml`` (docs/batch.md): every model x budget x
-solver of a YAML file, solved from one profile per model.
+solver x executor of a YAML file, the traced runs solved from one profile per model, the native ones
+planned and measured as planner.plan plans them.
 
 ``batch``: the command and its scheduling over worker processes; ``config``: the YAML file;
-``tasks``: what a worker runs (profile a model, solve a run); ``profilecache``: op times kept between
-sweeps; ``reports``: the results table and plots.
+``executors``: which executor each run plans for; ``tasks``: what a worker runs (profile a model,
+solve a traced run); ``native_runs``: a native run; ``profilecache``: op times kept between sweeps;
+``clockcache``: the native planner's checkpoint clock kept beside them; ``reports``: the results
+table and plots.
 """

@@ -1,11 +1,14 @@
-"""``plan-checkpoints batch CONFIG.yaml [--out DIR] [--jobs N]``: every model x budget x solver of a
-YAML file (docs/batch.md), one plan per run, a results table (CSV, Markdown) and a plot per model.
+"""``plan-checkpoints batch CONFIG.yaml [--out DIR] [--jobs N]``: every model x budget x solver x
+executor of a YAML file (docs/batch.md), one plan per run, a results table (CSV, Markdown) and a
+plot per model.
 
-How the work is scheduled: each model is profiled once (at most one profile at a time, so that its
-timings are not taken while another model is being timed), and its runs are solved from that
-profile, in parallel over ``--jobs`` worker processes. Runs of a profiled model go before the next
-profile, so results arrive model by model. Finished runs are never redone: each writes its plan
-and then its record atomically, and a run with a record for its current settings is skipped.
+How the work is scheduled: for its traced runs each model is profiled once, and those runs are
+solved from that profile, in parallel over ``--jobs`` worker processes. A native run plans and
+measures the model itself (planner/sweep/native_runs.py), its op times from the profile cache after
+the model's first. The tasks that time a model (a profile, a native run) go one at a time, so that
+one model is not timed while another is; runs of a profiled model go before the next timed task,
+so results arrive model by model. Finished runs are never redone: each writes its plan and then its
+record atomically, and a run with a record for its current settings is skipped.
 
 Exit status: 0 when every run made a plan, 1 when any run failed (its status and error are in the
 table), 2 for a sweep file that cannot be run.
@@ -17,6 +20,7 @@ import argparse
 import multiprocessing
 import os
 import sys
+import tempfile
 from collections import deque
 from concurrent.futures import FIRST_COMPLETED, Executor, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
@@ -25,6 +29,8 @@ from dataclasses import dataclass, field
 from ..cli.progress import Progress
 from .reports import Results, failures
 from .config import ModelSpec, Run, Sweep, load_sweep
+from .executors import solver_label
+from .native_runs import plan_native_run
 from .tasks import OK_STATUSES, Outcome, Profiled, failed_profile, profile_model, solve_run, worker_setup
 
 EXIT_FAILED_RUNS = 1
@@ -41,7 +47,7 @@ class _Parser(argparse.ArgumentParser):
 
 def _parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="plan-checkpoints batch",
-                     description="Plan every model x budget x solver of a YAML sweep file (docs/batch.md).")
+                     description="Plan every model x budget x solver x executor of a YAML sweep file (docs/batch.md).")
     parser.add_argument("config", help="the sweep's YAML file")
     parser.add_argument("--out", default=None, help="output folder (default: CONFIG's name + '-results', here)")
     parser.add_argument("--jobs", type=int, default=1, help="worker processes solving in parallel (default: 1)")
@@ -79,7 +85,7 @@ def _pool(jobs: int) -> Executor:
     # forkserver: workers fork from a clean process that has imported torch once; never from this
     # one (forking a process that may hold threads is unsafe, spawning re-imports torch per worker).
     context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(["planner.sweep.tasks", "torch"])
+    context.set_forkserver_preload(["planner.sweep.tasks", "planner.sweep.native_runs", "torch"])
     threads = max(1, (os.cpu_count() or 1) // jobs)
     return ProcessPoolExecutor(jobs, mp_context=context, initializer=worker_setup, initargs=(threads, os.getpid()))
 
@@ -87,7 +93,7 @@ def _pool(jobs: int) -> Executor:
 # -- the scheduler ----------------------------------------------------------------------------------
 @dataclass
 class _Task:
-    kind: str  # "profile" or "run"
+    kind: str  # "profile" (for the traced runs), "run" (a traced run) or "native" (a native run)
     model: ModelSpec
     run: Run | None = None
 
@@ -109,8 +115,11 @@ class SweepState:
         self.progress.note(f"[{self.done}/{self.total} done] {_describe_run(run)}: {_describe_outcome(outcome)}")
 
 
+TIMED = ("profile", "native")  # the tasks that time the model: one at a time
+
+
 def _describe_run(run: Run) -> str:
-    return f"{run.model.name} at {run.budget} with {run.solver}"
+    return f"{run.model.name} at {run.budget} with {solver_label(run.solver, run.executor.name)}"
 
 
 def _describe_outcome(outcome: Outcome) -> str:
@@ -119,31 +128,59 @@ def _describe_outcome(outcome: Outcome) -> str:
     from ..budget import format_bytes
 
     method = f" ({outcome.method})" if outcome.method else ""
-    return (f"{outcome.status}{method}, peak {format_bytes(outcome.predicted_peak_bytes)}, overhead "
-            f"{outcome.predicted_overhead:+.1%}, solved in {outcome.solve_seconds:.2f} s")
+    measured = (f" (measured {format_bytes(outcome.measured_peak_bytes)})"
+                if outcome.measured_peak_bytes is not None else "")
+    notes = "".join(f"; {note}" for note in outcome.notes)
+    return (f"{outcome.status}{method}, peak {format_bytes(outcome.predicted_peak_bytes)}{measured}, overhead "
+            f"{outcome.predicted_overhead:+.1%}, solved in {outcome.solve_seconds:.2f} s{notes}")
+
+
+def timed_tasks(models: tuple[ModelSpec, ...], todo: list[Run]) -> deque[_Task]:
+    """The tasks that time a model, in the sweep's order: each model's profile (when it has traced
+    runs to do), then its native runs."""
+    tasks: deque[_Task] = deque()
+    for model in models:
+        mine = [run for run in todo if run.model.name == model.name]
+        if any(run.executor.name == "traced" for run in mine):
+            tasks.append(_Task("profile", model))
+        tasks.extend(_Task("native", model, run) for run in mine if run.executor.name == "native")
+    return tasks
 
 
 def execute(state: SweepState, todo: list[Run], jobs: int, cache_dir: str | None) -> None:
-    """Profile each model with runs to do, then solve its runs; at most ``jobs`` tasks at a time."""
-    models = [m for m in state.sweep.models if any(r.model.name == m.name for r in todo)]
-    to_profile = deque(models)
+    """Profile each model with traced runs to do, then solve them, and plan its native runs; at most
+    ``jobs`` tasks at a time, and one of them timing a model. Without a cache folder (--no-cache),
+    the native runs share a temporary one, removed at the end: a model is timed once per sweep."""
+    if cache_dir is None and any(run.executor.name == "native" for run in todo):
+        with tempfile.TemporaryDirectory(prefix="plan-checkpoints-times-") as temporary:
+            return _execute(state, todo, jobs, None, temporary)
+    return _execute(state, todo, jobs, cache_dir, cache_dir)
+
+
+def _execute(state: SweepState, todo: list[Run], jobs: int, cache_dir: str | None, native_cache_dir: str | None):
+    timed = timed_tasks(state.sweep.models, todo)
     ready: deque[Run] = deque()
-    waiting = {m.name: [r for r in todo if r.model.name == m.name] for m in models}
+    waiting = {task.model.name: [r for r in todo if r.model.name == task.model.name and r.executor.name == "traced"]
+               for task in timed if task.kind == "profile"}
     in_flight: dict[Future, _Task] = {}
     executor = _pool(jobs)
     try:
-        while to_profile or ready or in_flight:
+        while timed or ready or in_flight:
             while len(in_flight) < jobs:
                 if ready:
                     run = ready.popleft()
                     state.progress.note(f"Solving {_describe_run(run)}...")
                     future = executor.submit(solve_run, run, state.profiles[run.model.name])
                     in_flight[future] = _Task("run", run.model, run)
-                elif to_profile and not any(t.kind == "profile" for t in in_flight.values()):
-                    model = to_profile.popleft()
-                    state.progress.note(f"Profiling {model.name} ({model.file})...")
-                    future = executor.submit(profile_model, model, state.sweep.device, cache_dir)
-                    in_flight[future] = _Task("profile", model)
+                elif timed and not any(t.kind in TIMED for t in in_flight.values()):
+                    task = timed.popleft()
+                    if task.kind == "profile":
+                        state.progress.note(f"Profiling {task.model.name} ({task.model.file})...")
+                        future = executor.submit(profile_model, task.model, state.sweep.device, cache_dir)
+                    else:
+                        state.progress.note(f"Planning {_describe_run(task.run)}: profiling, solving and measuring...")
+                        future = executor.submit(plan_native_run, task.run, native_cache_dir)
+                    in_flight[future] = task
                 else:
                     break
             finished, _ = wait(list(in_flight), return_when=FIRST_COMPLETED)
@@ -174,7 +211,7 @@ def execute(state: SweepState, todo: list[Run], jobs: int, cache_dir: str | None
                     if task.kind == "run":
                         ready.appendleft(task.run)
                     else:
-                        to_profile.appendleft(task.model)
+                        timed.appendleft(task)
                 in_flight.clear()
                 executor = _pool(jobs)
     except KeyboardInterrupt:  # Ctrl-C: the runs in progress are abandoned, unrecorded
@@ -257,7 +294,7 @@ def main(argv: list[str]) -> int:
     if failed:
         for row in rows:
             if row["status"] not in OK_STATUSES:
-                print(f"plan-checkpoints: {row['model']} at {row['budget']} with {row['solver']}: "
+                print(f"plan-checkpoints: {row['model']} at {row['budget']} with {solver_label(row['solver'], row['executor'])}: "
                       f"{row['status']}: {row['error']}", file=sys.stderr)
         return EXIT_FAILED_RUNS
     return 0

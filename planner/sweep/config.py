@@ -1,4 +1,4 @@
-"""The YAML file of ``plan-checkpoints batch`` (docs/batch.md): models x budgets x solvers.
+"""The YAML file of ``plan-checkpoints batch`` (docs/batch.md): models x budgets x solvers x executors.
 
 Read from yaml's node tree rather than from plain Python values, so that every error can say the
 file and line it is about and what is accepted there.
@@ -16,11 +16,13 @@ from typing import Any
 import yaml
 
 from ..budget import Budget, BudgetError, parse_budget
+from .executors import ACCEPTED_EXECUTORS, EXECUTORS, ExecutorChoice, choices, default_executor, refusal
 
 TOP_KEYS = {
     "models": "the list of models (required)",
     "budgets": "budgets for every model",
     "solvers": "solvers for every model (default: auto)",
+    "executor": "native, traced or [native, traced] (default: planner.plan's for each solver)",
     "device": "cpu, cuda or cuda:N (default: where build_model puts the model)",
     "time_limit": "seconds each solve may search",
     "granularity": "module (default), module:N or op",
@@ -36,12 +38,13 @@ MODEL_KEYS = {
     "loss_kwargs": "keyword arguments for loss_fn after the output",
     "budgets": "this model's budgets (instead of the top-level ones)",
     "solvers": "this model's solvers (instead of the top-level ones)",
+    "executor": "this model's executor(s)",
     "time_limit": "this model's time limit",
     "granularity": "this model's granularity",
 }
 MAX_VALUES = 10_000
 MAX_SWEEP_FILE_BYTES = 10 * 2**20
-MAX_NAME = 100  # a run's files are named <model>__<budget>__<solver>.json: within a file name's 255 bytes
+MAX_NAME = 100  # a run's files are named <model>__<budget>__<solver>[__<executor>].json: within 255 bytes
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _FUNCTION = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -67,13 +70,18 @@ class ModelSpec:
 
 @dataclass(frozen=True)
 class Run:
-    """One model x budget x solver; ``id`` names its plan and record files."""
+    """One model x budget x solver x executor; ``id`` names its plan and record files."""
 
     id: str
     model: ModelSpec
     budget: Budget
     solver: str
     device: str | None
+    executor: ExecutorChoice | None = None  # None: planner.plan's default for the solver
+
+    def __post_init__(self):
+        if self.executor is None:
+            object.__setattr__(self, "executor", ExecutorChoice(default_executor(self.solver), given=False))
 
     def settings(self) -> dict:
         """Everything the run's result depends on: a record made for other settings is stale."""
@@ -84,6 +92,7 @@ class Run:
             "inputs_kwargs": spec.inputs_kwargs, "loss_kwargs": spec.loss_kwargs,
             "granularity": spec.granularity, "device": self.device, "budget": str(self.budget),
             "solver": self.solver, "time_limit": spec.time_limit,
+            "executor": self.executor.name, "executor_given": self.executor.given,
         }
 
     def digest(self) -> str:
@@ -191,21 +200,29 @@ class _Reader:
             result.append((budget, item))
         return result
 
-    def solvers(self, node: yaml.Node) -> list[str]:
+    def solvers(self, node: yaml.Node) -> list[tuple[str, yaml.Node]]:
         from solvers import METHODS
 
-        accepted = ["auto", *(m for m in METHODS if m != "regions")]  # sweeps plan the traced executor only
-        result = []
+        accepted = ["auto", *METHODS]
+        result: list[tuple[str, yaml.Node]] = []
         for item in self.items(node, "solvers"):
             value = self.value(item) if isinstance(item, yaml.ScalarNode) else None
-            if value == "regions":
-                raise self.error(item, "solver regions plans the native executor (torch.utils.checkpoint on the model's "
-                                       "modules), which sweeps do not run: sweeps plan the traced executor; plan natively "
-                                       f"with plan-checkpoints MODEL.py --solver regions; accepted here: {', '.join(accepted)}")
             if value not in accepted:
                 raise self.error(item, f"unknown solver {_show(self, item)}; accepted: {', '.join(accepted)}")
-            if value in result:
+            if any(value == solver for solver, _ in result):
                 raise self.error(item, f"solver {value} is listed twice")
+            result.append((value, item))
+        return result
+
+    def executors(self, node: yaml.Node) -> list[str]:
+        """``native``, ``traced``, or a list of them."""
+        result: list[str] = []
+        for item in self.items(node, "executor"):
+            value = self.value(item) if isinstance(item, yaml.ScalarNode) else None
+            if value not in EXECUTORS:
+                raise self.error(item, f"unknown executor {_show(self, item)}; accepted: {ACCEPTED_EXECUTORS}")
+            if value in result:
+                raise self.error(item, f"executor {value} is listed twice")
             result.append(value)
         return result
 
@@ -330,7 +347,8 @@ def load_sweep(path: str) -> Sweep:
     device = _device(reader, top["device"]) if "device" in top else None
     defaults = {
         "budgets": reader.budgets(top["budgets"]) if "budgets" in top else None,
-        "solvers": reader.solvers(top["solvers"]) if "solvers" in top else ["auto"],
+        "solvers": reader.solvers(top["solvers"]) if "solvers" in top else [("auto", None)],
+        "executor": reader.executors(top["executor"]) if "executor" in top else None,
         "time_limit": reader.time_limit(top["time_limit"]) if "time_limit" in top else None,
         "granularity": reader.granularity(top["granularity"]) if "granularity" in top else "module",
     }
@@ -338,14 +356,16 @@ def load_sweep(path: str) -> Sweep:
     runs: list[Run] = []
     folder = os.path.dirname(os.path.abspath(path))
     for index, node in enumerate(reader.items(top["models"], "models")):
-        spec, budgets, solvers = _model(reader, node, index, folder, defaults)
+        spec, budgets, solvers, executors = _model(reader, node, index, folder, defaults)
         if any(m.name == spec.name for m in models):
             raise reader.error(node, f"two models are named {spec.name!r}; give each a different 'name'")
         models.append(spec)
+        compared = executors is not None and len(executors) > 1  # the run ids then name their executor
         for budget, _ in budgets:
             for solver in solvers:
-                run_id = f"{spec.name}__{_budget_slug(budget)}__{solver}"
-                runs.append(Run(run_id, spec, budget, solver, device))
+                for executor in choices(executors, solver):
+                    run_id = f"{spec.name}__{_budget_slug(budget)}__{solver}" + (f"__{executor.name}" if compared else "")
+                    runs.append(Run(run_id, spec, budget, solver, device, executor))
     return Sweep(os.path.abspath(path), tuple(models), tuple(runs), device)
 
 
@@ -378,13 +398,25 @@ def _model(reader: _Reader, node: yaml.Node, index: int, folder: str, defaults: 
     if budgets is None:
         raise reader.error(node, f"{what} ({name}) has no budgets: give 'budgets' at the top of the file or in the model")
     solvers = reader.solvers(keys["solvers"]) if "solvers" in keys else defaults["solvers"]
+    executors = reader.executors(keys["executor"]) if "executor" in keys else defaults["executor"]
+    _check_executors(reader, f"{what} ({name})", executors, solvers, keys.get("executor", node))
     spec = ModelSpec(
         name=name, file=file, **functions, **kwargs,
         time_limit=reader.time_limit(keys["time_limit"]) if "time_limit" in keys else defaults["time_limit"],
         granularity=reader.granularity(keys["granularity"]) if "granularity" in keys else defaults["granularity"],
         file_digest=_file_digest(file),
     )
-    return spec, budgets, solvers
+    return spec, budgets, [solver for solver, _ in solvers], executors
+
+
+def _check_executors(reader: _Reader, what: str, executors: list[str] | None, solvers: list[tuple[str, yaml.Node]],
+                     executor_node: yaml.Node) -> None:
+    """Every solver is run by one of the model's executors (``executors`` None: planner.plan's
+    default for each, which always runs it); the error is at the solver's line."""
+    for solver, solver_node in solvers if executors is not None else ():
+        problem = refusal(executors, solver)
+        if problem:
+            raise reader.error(solver_node if solver_node is not None else executor_node, f"{what}: {problem}")
 
 
 def _device(reader: _Reader, node: yaml.Node) -> str:

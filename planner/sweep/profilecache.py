@@ -17,6 +17,7 @@ from profiler.measure import OpTimes
 from ..files import write_atomic
 
 FORMAT = "plan-checkpoints-times/2"  # /2: with each op's measured scratch bytes
+FIGURES_FORMAT = "plan-checkpoints-figures/1"
 _SAFE_KEY = re.compile(r"^[A-Za-z0-9._-]+$")
 
 
@@ -58,3 +59,19 @@ class ProfileCache:
             "loss_seconds": times.loss_seconds,
         }
         write_atomic(self.path(key), json.dumps(data, sort_keys=True))
+
+    def load_figures(self, key: str, kind: str) -> dict | None:
+        """Other measured figures kept under ``key`` (planner/sweep/clockcache.py: ``kind`` "clock"),
+        or None when there are none or the file cannot be read."""
+        try:
+            with open(self.path(f"{key}-{kind}")) as file:
+                data = json.load(file)
+        except (OSError, ValueError):
+            return None
+        if not isinstance(data, dict) or data.get("format") != f"{FIGURES_FORMAT}:{kind}":
+            return None
+        return data.get("figures")
+
+    def store_figures(self, key: str, kind: str, figures: dict) -> None:
+        write_atomic(self.path(f"{key}-{kind}"), json.dumps({"format": f"{FIGURES_FORMAT}:{kind}", "figures": figures},
+                                                            sort_keys=True))

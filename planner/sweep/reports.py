@@ -19,14 +19,15 @@ from ..budget import format_bytes
 from ..files import write_atomic
 from ..cli.plots import Point, sweep_plot
 from .config import Run, Sweep
-from .tasks import ERROR, INFEASIBLE, OK_STATUSES, Outcome, Profiled
+from .executors import default_executor
+from .tasks import ERROR, INFEASIBLE, OK_STATUSES, Outcome, Profiled, profile_facts
 
 RECORD_FORMAT = "plan-checkpoints-run/1"
 NOT_RUN = "not run"
 
 CSV_COLUMNS = (
-    "model", "budget", "solver", "method", "status", "budget_bytes", "predicted_peak_bytes",
-    "unplanned_peak_bytes", "predicted_overhead", "solve_seconds", "gap", "error",
+    "model", "budget", "solver", "executor", "method", "status", "budget_bytes", "predicted_peak_bytes",
+    "measured_peak_bytes", "unplanned_peak_bytes", "predicted_overhead", "solve_seconds", "gap", "error",
 )
 # Columns that come from measured or elapsed time: they differ between two sweeps that profile
 # anew, and solve_seconds differs between any two sweeps.
@@ -85,7 +86,11 @@ class Results:
         if outcome.plan is not None:
             write_atomic(self.plan_path(run), json.dumps(outcome.plan, indent=1))
             plan_file = os.path.relpath(self.plan_path(run), self.folder)
-        figures = {k: v for k, v in asdict(outcome).items() if k != "plan"}
+        figures = {k: v for k, v in asdict(outcome).items() if k not in ("plan", "profile")}
+        if outcome.profile is not None or run.executor.name == "native":  # a native run profiles for itself
+            profile = outcome.profile
+        else:
+            profile = None if profiled is None else profile_facts(profiled, profiled.cached)
         record = {
             "format": RECORD_FORMAT,
             "run": run.id,
@@ -95,12 +100,9 @@ class Results:
             "settings_digest": run.digest(),
             "settings": run.settings(),
             **figures,
+            "executor": outcome.executor or run.executor.name,
             "plan_file": plan_file,
-            "profile": None if profiled is None else {
-                "seconds": profiled.seconds, "cached": profiled.cached, "nodes": profiled.graph.number_of_nodes(),
-                "fingerprint": profiled.graph.graph.get("fingerprint"), "granularity": profiled.granularity,
-                "device": profiled.device,
-            },
+            "profile": profile,
             "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         }
         write_atomic(self.record_path(run), json.dumps(record, indent=1, sort_keys=True, default=str))
@@ -120,21 +122,30 @@ class Results:
             records = [r for r in (self.read(run) for run in sweep.runs_of(model)) if r and r["status"] in OK_STATUSES]
             if not records:
                 continue
-            points = [Point(r["solver"] if r["solver"] == r["method"] else f"{r['solver']} ({r['method']})",
-                            r["budget"], r["budget_bytes"], r["predicted_peak_bytes"], r["predicted_overhead"])
-                      for r in records]
+            points = [Point(_label(r["solver"], r["method"], r["executor"]), r["budget"], r["budget_bytes"],
+                            r["predicted_peak_bytes"], r["predicted_overhead"]) for r in records]
             path = self.plot_path(model.name)
             sweep_plot(model.name, points, records[0]["unplanned_peak_bytes"], path)
             written.append(path)
         return written
 
 
+def _label(solver: str, method: str | None, executor: str | None) -> str:
+    """A plot's name for a solver's points: ``dp``, ``auto (regions)``, ``auto (dp, traced)``: the
+    method ``auto`` chose, and the executor where it is not planner.plan's default for the solver."""
+    what = [m for m in (method if method and method != solver else None,
+                        executor if executor and executor != default_executor(solver) else None) if m]
+    return f"{solver} ({', '.join(what)})" if what else solver
+
+
 def row_of(run: Run, record: dict | None) -> dict:
     """A table row: the record's figures, or 'not run' for a run without a record."""
     row = {column: None for column in CSV_COLUMNS}
-    row.update(model=run.model.name, budget=str(run.budget), solver=run.solver, status=NOT_RUN, error="")
+    row.update(model=run.model.name, budget=str(run.budget), solver=run.solver, executor=run.executor.name,
+               status=NOT_RUN, error="")
     if record is not None:
         row.update({column: record.get(column) for column in CSV_COLUMNS if column not in ("model", "budget", "solver")})
+        row["executor"] = row["executor"] or run.executor.name
     return row
 
 
@@ -160,15 +171,16 @@ def _cell(text: str) -> str:
 
 
 def markdown_table(rows: Iterable[dict]) -> str:
-    header = ("model", "budget", "solver", "predicted peak", "predicted overhead", "solve time", "status",
-              "proven gap", "error")
+    header = ("model", "budget", "solver", "executor", "predicted peak", "measured peak", "predicted overhead",
+              "solve time", "status", "proven gap", "error")
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join(["---"] * len(header)) + "|"]
     for row in rows:
         planned = row["status"] in OK_STATUSES
         solver = row["solver"] if not row["method"] or row["method"] == row["solver"] else f"{row['solver']} ({row['method']})"
         cells = (
-            row["model"], row["budget"], solver,
+            row["model"], row["budget"], solver, row["executor"],
             format_bytes(row["predicted_peak_bytes"]) if planned else "-",
+            format_bytes(row["measured_peak_bytes"]) if planned and row["measured_peak_bytes"] is not None else "-",
             f"{row['predicted_overhead']:+.1%}" if planned else "-",
             f"{row['solve_seconds']:.2f} s" if row["solve_seconds"] is not None else "-",
             row["status"], _gap(row) if planned else "-", row["error"] or "",

@@ -60,9 +60,11 @@ class Outcome:
 
     status: str
     method: str = ""
+    executor: str = ""  # what the plan runs under: native or traced (the run's executor when none was made)
     error: str = ""
     budget_bytes: int | None = None
     predicted_peak_bytes: int | None = None
+    measured_peak_bytes: int | None = None  # native plans: the planned step as planner.plan measured it
     unplanned_peak_bytes: int | None = None
     fixed_bytes: int | None = None
     predicted_seconds: float | None = None
@@ -71,7 +73,18 @@ class Outcome:
     solve_seconds: float | None = None
     gap: float | None = None
     min_budget_bytes: int | None = None
+    notes: tuple[str, ...] = ()  # the planner's warnings about this plan, one line each
+    profile: dict | None = None  # facts of the profile the run made itself (a native run); see profile_facts
     plan: dict | None = None
+
+
+def profile_facts(profile, cached: bool) -> dict:
+    """What a run's record says of the profile it was planned on (a :class:`Profiled` or a
+    profiler.Profile): seconds profiling took, whether the op times came from the cache, the graph's
+    size and fingerprint, the granularity and the device."""
+    return {"seconds": profile.seconds, "cached": cached, "nodes": profile.graph.number_of_nodes(),
+            "fingerprint": profile.graph.graph.get("fingerprint"), "granularity": profile.granularity,
+            "device": profile.device}
 
 
 def describe(error: BaseException) -> str:
@@ -146,7 +159,8 @@ def profile_model(spec: ModelSpec, device: str | None, cache_dir: str | None) ->
 
 @_busy
 def solve_run(run: Run, profiled: Profiled) -> Outcome:
-    """Plan one budget x solver on a profiled model; failures become an Outcome, never an exception."""
+    """Plan one budget x solver on a profiled model for the traced executor (what planner.plan does for
+    executor="traced" on the same profile); failures become an Outcome, never an exception."""
     from profiler.api import parse_granularity
 
     from ..api import BudgetInfeasible, plan_from_profile
@@ -158,20 +172,23 @@ def solve_run(run: Run, profiled: Profiled) -> Outcome:
                                  model_name=profiled.model_class)
     except BudgetInfeasible as error:
         unplanned = _unplanned_peak(profiled.graph)
-        return Outcome(INFEASIBLE, method=error.method or run.solver, error=str(error).strip().splitlines()[0],
+        return Outcome(INFEASIBLE, method=error.method or run.solver, executor="traced",
+                       error=str(error).strip().splitlines()[0],
                        budget_bytes=run.budget.resolve(unplanned), unplanned_peak_bytes=unplanned,
                        min_budget_bytes=error.min_budget, solve_seconds=time.perf_counter() - started)
     except TimeoutError as error:  # the solver's words are about activation bytes: say the user's budget first
         limit = f"{run.model.time_limit:g} s" if run.model.time_limit else "the solver's default time limit"
         detail = " ".join(getattr(error, "detail", str(error)).split())  # planner.api.PlanTimeout: the solver's
-        return Outcome(ERROR, method=run.solver, error=f"no schedule within budget {run.budget} found in {limit}"
+        return Outcome(ERROR, method=run.solver, executor="traced",
+                       error=f"no schedule within budget {run.budget} found in {limit}"
                        + (f" ({detail})" if detail else ""), solve_seconds=time.perf_counter() - started)
     except Exception as error:  # a solver failure is this run's failure; the sweep goes on
-        return Outcome(ERROR, method=run.solver, error=describe(error), solve_seconds=time.perf_counter() - started)
+        return Outcome(ERROR, method=run.solver, executor="traced", error=describe(error),
+                       solve_seconds=time.perf_counter() - started)
     made.profile = None  # a stand-in without a trace: the plan is saved, never applied
     info = made.schedule.info
     return Outcome(
-        status=info.status, method=info.method, error="", budget_bytes=made.budget_bytes,
+        status=info.status, method=info.method, executor="traced", error="", budget_bytes=made.budget_bytes,
         predicted_peak_bytes=made.predicted_peak_bytes, unplanned_peak_bytes=made.unplanned_peak_bytes,
         fixed_bytes=made.fixed_bytes, predicted_seconds=made.predicted_seconds,
         unplanned_seconds=made.unplanned_seconds, predicted_overhead=made.predicted_overhead,
