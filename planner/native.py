@@ -48,6 +48,7 @@ from .paired_timing import SLOW_FAST, disagreement, time_paired
 from .planfile import FORMAT as PLAN_FORMAT
 from .planchecks import MODELLED_REGIONS, native_figures_problem, overlapping_regions
 from .planfile import Plan, PlanFileError, PlanWarning, _list, _text, _whole, profile_fields
+from .unrestricted import class_cost_words
 
 NATIVE_FORMAT = "plan-checkpoints/native/1"
 METHOD = "regions"
@@ -116,7 +117,7 @@ class NativePlan(Plan):
         lines.append(f"Autocast:          {describe_autocast(self.autocast)}")
         lines += [
             f"Predicted time:    {self.predicted_seconds * 1000:.1f} ms of compute per step, "
-            f"{self.predicted_overhead:+.1%} over no checkpointing",
+            f"{self.predicted_overhead:+.1%} over no checkpointing{class_cost_words(self)}",
             f"Solver:            {self.method} ({_status_words(self.schedule.info)}) in {self.schedule.info.solve_seconds:.2f} s"
             + (f"; {self.schedule.info.message}" if self.schedule.info.message else ""),
             f"Checkpointed:      {shown or 'nothing (the step fits without checkpointing)'}",
