@@ -74,29 +74,30 @@ def planned(choice: ExecutorChoice, plan: Callable[[], Plan], traced_instead: Ca
     the choice allows it, ``traced_instead()`` with its notice (the module docstring). Raises the
     native refusal's class (``BudgetInfeasible``), its message saying what the traced executor
     does with the budget."""
+    if choice.executor != "native":
+        return plan()
     try:
         return plan()
-    except Infeasible as refused:
-        if choice.executor != "native":
-            raise
-        if choice.traced_cannot:
-            raise _again(refused, f"{refused}; {TRACED_WORDS} cannot stand in here: "
-                                  f"{choice.traced_cannot}") from None
-        if choice.pinned:
-            raise _again(refused, f"{refused}; {TRACED_WORDS} may reach it: plan with executor='traced' (or leave "
-                                  "executor unset, and the planner falls back to it where only it reaches the "
-                                  "budget)") from None
-        try:
-            made = traced_instead()
-        except Infeasible as also:
-            raise both_refused(refused, also) from None
-        except TRACED_FAILURES as failed:
-            words = " ".join(str(failed).split())
-            raise _again(refused, f"{refused}; {TRACED_WORDS} was tried instead and did not plan it "
-                                  f"({type(failed).__name__}: {words})") from None
-        made.executor_notice = traced_notice(made, refused.min_budget)
-        warnings.warn(made.executor_notice, PlanWarning, stacklevel=3)  # planner.plan's caller
-        return made
+    except Infeasible as error:
+        refused = error
+    # Outside the except block: what the traced attempt raises must not carry the refusal as its
+    # context (the profiler tells the model's errors from ours by the frames they were raised in).
+    if choice.traced_cannot:
+        raise _again(refused, f"{refused}; {TRACED_WORDS} cannot stand in here: {choice.traced_cannot}")
+    if choice.pinned:
+        raise _again(refused, f"{refused}; {TRACED_WORDS} may reach it: plan with executor='traced' (or leave "
+                              "executor unset, and the planner falls back to it where only it reaches the budget)")
+    try:
+        made = traced_instead()
+    except Infeasible as also:
+        raise both_refused(refused, also) from None
+    except TRACED_FAILURES as failed:
+        words = " ".join(str(failed).split())
+        raise _again(refused, f"{refused}; {TRACED_WORDS} was tried instead and did not plan it "
+                              f"({type(failed).__name__}: {words})") from None
+    made.executor_notice = traced_notice(made, refused.min_budget)
+    warnings.warn(made.executor_notice, PlanWarning, stacklevel=3)  # planner.plan's caller
+    return made
 
 
 def traced_notice(made: Plan, native_least: int | None) -> str:
