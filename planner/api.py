@@ -170,7 +170,7 @@ def plan(
         _check_optimizer_with(executor, compile, distributed)
     device = device_memory_of(model, example_inputs, device_memory)
     check_within_device(parsed, parsed.bytes, device)
-    choice = executor_choice(asked, executor, solver, distributed, optimizer, compile)
+    choice = executor_choice(asked, executor, solver, distributed, optimizer, compile, eager=is_eager(profile))
     with training_step(model, PlanWarning) as switched:  # an eval-mode model: its training step (planner/trainmode.py)
         # Where the native executor refuses the budget, the traced one's plan (planner/executor_choice.py).
         made = planned(choice, lambda: _plan(model, example_inputs, parsed, solver, loss_fn, time_limit, granularity,

@@ -55,10 +55,11 @@ class ExecutorChoice:
 
 
 def executor_choice(asked: str | None, executor: str, solver: str, distributed=None, optimizer=None,
-                    compile: bool = False) -> ExecutorChoice:
+                    compile: bool = False, eager: bool = False) -> ExecutorChoice:
     """The choice for ``planner.plan``'s arguments: ``asked`` is its ``executor=`` as given (None:
-    not given), ``executor`` that resolved (planner/api.py ``_executor``)."""
-    cannot = []
+    not given), ``executor`` that resolved (planner/api.py ``_executor``); ``eager``: the profile
+    given was recorded eagerly (planner/untraced.py: the tracer cannot follow the model)."""
+    cannot = ["the tracer cannot follow this model (its profile was recorded eagerly)"] if eager else []
     if distributed is not None:
         cannot.append("it does not count distributed= (a wrapper's memory per device)")
     if optimizer is not None:

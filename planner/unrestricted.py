@@ -36,7 +36,7 @@ from .planfile import Plan
 # +1.8% in 0.3 s, +2.0% in 0.5 s, +2.2% proven in 1.9 s; at 3,000, +4.0% in 1-2 s; at 5,000, +5.2%
 # in 2 s; at 50,000 the LP alone took 2.3 s (+0.8%). On op graphs the relaxation is weak (it drops
 # the order between milestones): more seconds buy little, and every native plan pays them.
-PLANNING_SHARE = 0.1
+PLANNING_SHARE = 0.05
 MIN_SECONDS = 0.3
 MAX_SECONDS = 3.0
 MAX_COLUMNS = 2_000

@@ -132,6 +132,7 @@ def test_pinned_to_the_native_executor_the_refusal_stands_and_points_at_the_trac
     assert "executor='traced'" in str(refused.value) and "may reach it" in str(refused.value)
 
 
+@pytest.mark.slow  # tests/test_hostile_limits.py plans a default refusal's least budget too
 def test_the_least_budget_of_a_refusal_plans(leasts):
     _, traced_least = leasts
     model, inputs = _built()
