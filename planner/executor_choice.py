@@ -86,8 +86,9 @@ def planned(choice: ExecutorChoice, plan: Callable[[], Plan], traced_instead: Ca
     if choice.traced_cannot:
         raise _again(refused, f"{refused}; {TRACED_WORDS} cannot stand in here: {choice.traced_cannot}")
     if choice.pinned:
-        raise _again(refused, f"{refused}; {TRACED_WORDS} may reach it: plan with executor='traced' (or leave "
-                              "executor unset, and the planner falls back to it where only it reaches the budget)")
+        raise _again(refused, f"{refused}; {TRACED_WORDS} may reach it (not tried: the executor was chosen): plan "
+                              "with executor='traced', or leave executor unset and the planner falls back to it "
+                              "where only it reaches the budget")
     try:
         made = traced_instead()
     except Infeasible as also:
