@@ -91,7 +91,10 @@ def plan(
     ``"regions"``): a :class:`NativePlan`, a set of the model's modules to wrap in non-reentrant
     ``torch.utils.checkpoint`` (planner/native.py), predicted from the trace and measured once on the
     example inputs. ``"traced"`` (the default with any other solver): any schedule of the profiled
-    graph, run by replaying the trace (runtime/module.py); the solvers of ``solvers.METHODS``.
+    graph, run by replaying the trace (runtime/module.py); the solvers of ``solvers.METHODS``. With
+    ``executor=None`` and ``solver="auto"``, a budget the native executor refuses and the traced one
+    reaches gets the traced plan, with a :class:`PlanWarning` and ``Plan.executor_notice`` naming
+    the native executor's least budget (planner/executor_choice.py).
 
     ``distributed`` (native plans) counts a wrapper's memory in the budget of each device:
     ``"ddp"``, DistributedDataParallel's gradient buckets (one copy of the trainable parameters);

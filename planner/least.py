@@ -43,8 +43,8 @@ def refusal_below_floor(graph, budget_text: str, budget_bytes: int, fixed_bytes:
     dp and chen-greedy, so that no search runs. ``unplanned_peak`` (store-all's) is the figure when
     none answers: it always plans. ``finer``: the graphs of the finer groupings the solver also plans
     (planner/granularity.py); the floor is the least over them too (a model whose ops all sit in its
-    root's forward is one node at module grouping, its floor everything: dp reached 37% of it at op
-    grouping and was refused). ``fixed_bytes`` (``graph``'s, the coarsest) is the least held besides:
+    root's forward is a few large nodes at module grouping: the floor there was above the least dp
+    reached at op grouping, and budgets dp reaches were refused). ``fixed_bytes`` (``graph``'s, the coarsest) is the least held besides:
     a finer grouping has as many random nodes or more, each holding a generator state."""
     if budget_bytes >= unplanned_peak:
         return None  # store-all fits
