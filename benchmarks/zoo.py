@@ -312,13 +312,15 @@ def _profile(case: Case, model, inputs, loss_fn, executor: str):
 
 
 def _plan(case: Case, model, inputs, loss_fn, budget: str, profile, executor: str):
-    """What a user gets: ``planner.plan``'s default (native) or the case's traced solver."""
+    """What a user gets: ``planner.plan``'s default (native; pinned, so that a budget only the traced
+    executor reaches is the native column's refusal, not its fallback: planner/executor_choice.py) or
+    the case's traced solver."""
     from planner.planfile import PlanWarning
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", PlanWarning)  # time figures under load: not checked here
         if executor == "native":
-            return planner.plan(model, inputs, budget=budget, loss_fn=loss_fn, profile=profile)
+            return planner.plan(model, inputs, budget=budget, loss_fn=loss_fn, profile=profile, executor="native")
         return planner.plan(model, inputs, budget=budget, solver=case.solver, loss_fn=loss_fn, profile=profile,
                             time_limit=case.time_limit)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -18,11 +19,12 @@ from solvers.options import check_time_limit
 from solvers.store_all import store_all_schedule
 
 from .bounded import check_within_device, device_memory_of, profiling_bound
+from .executor_choice import executor_choice, planned
 from .budget import format_bytes, parse_budget
 from .fallback import FallbackWarning, ModuleChainPlan
 from .measured import measure_planned_step
 from .footprint import held_besides_schedule
-from .granularity import noted, solve_over_groupings
+from .granularity import methods_on_finer_groupings, noted, solve_over_groupings
 from .least import refusal_below_floor
 from .native import distributed_problem, plan_native
 from .native_plan import NativePlan
@@ -31,6 +33,7 @@ from .attached import NoPlan, attach, plan_of
 from .autocast import planning_under
 from .optimizer import OptimizerSpecError, optimizer_problem
 from .untraced import is_eager, plan_untraced
+from .unrestricted import with_unrestricted_bound
 from .loading import load
 from .planfile import Plan, PlanWarning, profile_fields
 from .repair import lower_by_miss_and_excess, measure_and_repair
@@ -91,7 +94,10 @@ def plan(
     ``"regions"``): a :class:`NativePlan`, a set of the model's modules to wrap in non-reentrant
     ``torch.utils.checkpoint`` (planner/native.py), predicted from the trace and measured once on the
     example inputs. ``"traced"`` (the default with any other solver): any schedule of the profiled
-    graph, run by replaying the trace (runtime/module.py); the solvers of ``solvers.METHODS``.
+    graph, run by replaying the trace (runtime/module.py); the solvers of ``solvers.METHODS``. With
+    ``executor=None`` and ``solver="auto"``, a budget the native executor refuses and the traced one
+    reaches gets the traced plan, with a :class:`PlanWarning` and ``Plan.executor_notice`` naming
+    the native executor's least budget (planner/executor_choice.py).
 
     ``distributed`` (native plans) counts a wrapper's memory in the budget of each device:
     ``"ddp"``, DistributedDataParallel's gradient buckets (one copy of the trainable parameters);
@@ -152,14 +158,14 @@ def plan(
                         "a profile alone use planner.plan_from_profile(profile, budget)")
     parsed = parse_budget(budget)
     time_limit = _time_limit(time_limit)
-    executor = _executor(executor, solver)
+    asked, executor = executor, _executor(executor, solver)
     if autocast is not None:
         try:
             under = planning_under(model, autocast)
         except ValueError as error:
             raise SolverError(str(error)) from None
         with under:
-            return plan(model, example_inputs, budget, solver, loss_fn, time_limit, granularity, profile, executor,
+            return plan(model, example_inputs, budget, solver, loss_fn, time_limit, granularity, profile, asked,
                         distributed, compile, optimizer=optimizer, device_memory=device_memory)
     if distributed_problem(distributed):
         raise SolverError(distributed_problem(distributed) + " (docs/native.md, 'Several processes')")
@@ -170,9 +176,12 @@ def plan(
         _check_optimizer_with(executor, compile, distributed)
     device = device_memory_of(model, example_inputs, device_memory)
     check_within_device(parsed, parsed.bytes, device)
+    choice = executor_choice(asked, executor, solver, distributed, optimizer, compile, eager=is_eager(profile))
     with training_step(model, PlanWarning) as switched:  # an eval-mode model: its training step (planner/trainmode.py)
-        made = _plan(model, example_inputs, parsed, solver, loss_fn, time_limit, granularity, profile, executor,
-                     distributed, compile, optimizer, device)
+        # Where the native executor refuses the budget, the traced one's plan (planner/executor_choice.py).
+        made = planned(choice, lambda: _plan(model, example_inputs, parsed, solver, loss_fn, time_limit, granularity,
+                                             profile, executor, distributed, compile, optimizer, device),
+                       lambda: _traced_instead(model, example_inputs, parsed, loss_fn, time_limit, granularity, device))
     if switched:
         message = made.schedule.info.message
         made.schedule = made.schedule.with_info(message=f"{message}; {TRAINING_NOTE}" if message else TRAINING_NOTE)
@@ -212,6 +221,16 @@ def _plan(model, example_inputs, parsed, solver, loss_fn, time_limit, granularit
     if not cuda_devices([*model.parameters()]):
         return made  # the CPU allocator's events are what the profiler replays: the prediction is the peak
     return repaired_on_measurement(made, solve, lambda p: _measure_traced(model, p, example_inputs, loss_fn))
+
+
+def _traced_instead(model, example_inputs, parsed, loss_fn, time_limit, granularity, device) -> Plan:
+    """The traced executor's plan for a budget the native one refused (planner/executor_choice.py), on
+    its own trace: a model the tracer cannot follow raises profiler.TraceError (its eager plan is the
+    native plan refused)."""
+    profile = profile_for(model, example_inputs, loss_fn, granularity, executor="traced",
+                          memory_bound=profiling_bound(parsed, device))
+    return _plan(model, example_inputs, parsed, "auto", loss_fn, time_limit, granularity, profile, "traced", None,
+                 False, None, device)
 
 
 def repaired_on_measurement(made: Plan, solve: Callable[[int], Plan], measure: Callable[[Plan], int],
@@ -288,7 +307,8 @@ def plan_from_profile(profile: profiler.Profile, budget="100%", solver: str = "a
             return None
         return None
 
-    refusal = refusal_below_floor(graph, str(parsed), budget_bytes, fixed, unplanned_peak, solver, least_for)
+    finest = [profile.finer()[-1].graph] if finer and profile.finer() and methods_on_finer_groupings(solver) else []
+    refusal = refusal_below_floor(graph, str(parsed), budget_bytes, fixed, unplanned_peak, solver, least_for, finest)
     if refusal is not None:  # out of every solver's reach: no search (planner/least.py)
         raise BudgetInfeasible(str(refusal), min_budget=refusal.min_budget, method=refusal.method)
     try:
@@ -408,9 +428,11 @@ def _plan_native(model, example_inputs, parsed, loss_fn, time_limit, granularity
         return plan_untraceable(model, example_inputs, parsed, loss_fn=loss_fn, time_limit=time_limit,
                                 distributed=distributed, profile=profile)
     try:
-        return plan_native(model, example_inputs, parsed, loss_fn=loss_fn, time_limit=time_limit,
+        started = time.perf_counter()
+        made = plan_native(model, example_inputs, parsed, loss_fn=loss_fn, time_limit=time_limit,
                            granularity=granularity, profile=profile, distributed=distributed, optimizer=optimizer,
                            device_memory=device_memory)
+        return with_unrestricted_bound(made, time.perf_counter() - started)  # the class's cost beside it
     except profiler.TraceError as error:  # recorded eagerly instead (planner/untraced.py)
         _refuse_optimizer_untraced(optimizer, error.reason)
         return plan_untraceable(model, example_inputs, parsed, loss_fn=loss_fn, reason=error.reason,

@@ -10,7 +10,7 @@ proven floor, and the least budget a fast planner reaches (``min_budget``: askin
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from solvers import Infeasible
 from solvers.bounds import Backward
@@ -34,19 +34,23 @@ def activation_floor(graph) -> int:
 
 
 def refusal_below_floor(graph, budget_text: str, budget_bytes: int, fixed_bytes: int, unplanned_peak: int,
-                        solver: str, least_for: Callable[[str], int | None]) -> Infeasible | None:
+                        solver: str, least_for: Callable[[str], int | None], finer: Sequence = ()) -> Infeasible | None:
     """The refusal (an :class:`Infeasible`, ``min_budget`` in whole-step bytes) when ``budget_bytes``
     is below ``fixed_bytes`` plus :func:`activation_floor`, else None.
 
     ``least_for(method)``: the least whole-step budget ``method`` reaches on this profile (None when
     it cannot tell); asked of ``solver`` itself when it is quick (:data:`QUICK_SOLVERS`), else of
     dp and chen-greedy, so that no search runs. ``unplanned_peak`` (store-all's) is the figure when
-    none answers: it always plans."""
+    none answers: it always plans. ``finer``: the graphs of the finer groupings the solver also plans
+    (planner/granularity.py); the floor is the least over them too (a model whose ops all sit in its
+    root's forward is a few large nodes at module grouping: the floor there was above the least dp
+    reached at op grouping, and budgets dp reaches were refused). ``fixed_bytes`` (``graph``'s, the coarsest) is the least held besides:
+    a finer grouping has as many random nodes or more, each holding a generator state."""
     if budget_bytes >= unplanned_peak:
         return None  # store-all fits
     if budget_bytes >= fixed_bytes and solver in QUICK_SOLVERS:
         return None  # the quick solver's own refusal is as fast, and exact for it
-    floor = fixed_bytes + activation_floor(graph)
+    floor = fixed_bytes + min(activation_floor(g) for g in (graph, *finer))
     if budget_bytes >= floor:
         return None
     asked = (solver,) if solver in QUICK_SOLVERS else ("dp", "chen-greedy")

@@ -15,6 +15,7 @@ from .budget import format_bytes
 from .planchecks import native_figures_problem, overlapping_regions
 from .planfile import FORMAT as PLAN_FORMAT
 from .planfile import Plan, PlanFileError, _list, _text, _whole
+from .unrestricted import class_cost_words
 
 NATIVE_FORMAT = "plan-checkpoints/native/1"
 
@@ -78,7 +79,7 @@ class NativePlan(Plan):
         lines.append(f"Autocast:          {describe_autocast(self.autocast)}")
         lines += [
             f"Predicted time:    {self.predicted_seconds * 1000:.1f} ms of compute per step, "
-            f"{self.predicted_overhead:+.1%} over no checkpointing",
+            f"{self.predicted_overhead:+.1%} over no checkpointing{class_cost_words(self)}",
             f"Solver:            {self.method} ({_status_words(self.schedule.info)}) in {self.schedule.info.solve_seconds:.2f} s"
             + (f"; {self.schedule.info.message}" if self.schedule.info.message else ""),
             f"Checkpointed:      {shown or 'nothing (the step fits without checkpointing)'}",

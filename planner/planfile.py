@@ -68,6 +68,12 @@ class Plan:
     model: str = ""
     profile_seconds: float = 0.0
     autocast: str = ""  # autocast state the step was traced under ("cpu:bfloat16"); "" for none
+    # Why the planner chose this plan's executor where the caller did not (planner/executor_choice.py).
+    executor_notice: str = ""
+    # The order-free bound (seconds) on the same cost graph and budget, beside a native plan, or why
+    # there is none (planner/unrestricted.py); absent from files written before it was recorded.
+    unrestricted_seconds: float | None = None
+    unrestricted_note: str = ""
     profile: Any = field(default=None, repr=False, compare=False)  # the in-memory Profile, not saved
 
     @property
@@ -126,6 +132,8 @@ class Plan:
         if self.autocast:
             lines.append(f"Autocast:          traced under torch.autocast ({self.autocast}); call the module under "
                          "the same autocast")
+        if self.executor_notice:
+            lines.insert(1, f"Executor:          traced, chosen by the planner: {self.executor_notice}")
         recomputed = self.recomputed()
         kept = self.kept_for_backward()
         kept_bytes = sum(self.graph.nodes[n]["mem"] for n in kept)
@@ -166,6 +174,7 @@ class Plan:
             ],
             "schedule": self.schedule.to_dict(),
             "graph": graph_to_dict(graph),
+            **optional_fields(self),
         }
 
     def save(self, path: str | os.PathLike) -> None:
@@ -202,6 +211,7 @@ class Plan:
                 tangent_specs=specs, inputs=[_text(s) for s in _list(data.get("inputs", []))],
                 model=_text(data.get("model", "")), profile_seconds=_seconds(data.get("profile_seconds", 0.0), "profile_seconds"),
                 autocast=_text(data.get("autocast", "")),
+                **optional_fields_from(data),
             )
         except PlanFileError:
             raise
@@ -214,6 +224,10 @@ class Plan:
             # Edited: the loss's outputs and their gradients' specs are written together, one each.
             raise PlanFileError(f"{source}: tangent_outputs {list(plan.tangent_outputs)} do not match its "
                                 f"{len(plan.tangent_specs)} tangent_specs one to one (the file was edited)")
+        if plan.unrestricted_seconds is not None and plan.unrestricted_seconds > plan.predicted_seconds * (1 + 1e-9):
+            # A lower bound on every schedule's time, this plan's among them (planner/unrestricted.py).
+            raise PlanFileError(f"{source}: its unrestricted bound ({plan.unrestricted_seconds} s) is above its own "
+                                f"predicted time ({plan.predicted_seconds} s) (the file was edited)")
         if graph.graph.get("fingerprint") != graph_fingerprint(graph):
             # The runtime re-traces the model and checks the plan's fingerprint against it; a graph
             # edited by hand would let a schedule through that the real graph cannot run.
@@ -226,6 +240,27 @@ class Plan:
             raise PlanFileError(f"{source}: {problem} (the file was edited; plan again)")
         _warn_if_other_torch(plan.torch_version, source)
         return plan
+
+
+def optional_fields(plan: Plan) -> dict:
+    """The fields a plan file holds only where they are set (a file without them loads as before)."""
+    data = {}
+    if plan.executor_notice:
+        data["executor_notice"] = plan.executor_notice
+    if plan.unrestricted_seconds is not None or plan.unrestricted_note:
+        data["unrestricted_seconds"] = plan.unrestricted_seconds
+        data["unrestricted_note"] = plan.unrestricted_note
+    return data
+
+
+def optional_fields_from(data: dict) -> dict:
+    """:func:`optional_fields` read back, their types checked; the defaults where absent."""
+    bound = data.get("unrestricted_seconds")
+    return {
+        "executor_notice": _text(data.get("executor_notice", "")),
+        "unrestricted_seconds": None if bound is None else _seconds(bound, "unrestricted_seconds"),
+        "unrestricted_note": _text(data.get("unrestricted_note", "")),
+    }
 
 
 def profile_fields(profile, model) -> dict:

@@ -189,6 +189,10 @@ def _summary_json(plan, out: str) -> dict:
         "figures": "measured" if getattr(plan, "fallback", "") else "predicted",
         "fallback": getattr(plan, "fallback", "") or None,
         "optimizer": getattr(plan, "optimizer", None),
+        "executor": getattr(plan, "executor", "fallback" if getattr(plan, "fallback", "") else "traced"),
+        "executor_notice": plan.executor_notice or None,  # why the planner chose it (planner/executor_choice.py)
+        "unrestricted_seconds": plan.unrestricted_seconds,  # the order-free bound (planner/unrestricted.py)
+        "unrestricted_note": plan.unrestricted_note or None,
     }
 
 

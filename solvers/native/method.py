@@ -205,6 +205,9 @@ def solve_regions_exact(graph: nx.DiGraph, budget_bytes: int, candidates: Sequen
     policies = tuple(policies or ())
     model = RegionModel(graph)
     menu = build_menu(graph, candidates, sequentials, policies, model)
+    if not menu.choices:  # no module to checkpoint (ops in the root's own forward): the step as it is
+        raise Infeasible(f"no region can be checkpointed, and the step holds {empty.outcome.peak_bytes} bytes of "
+                         "activations", min_budget=empty.outcome.peak_bytes, method=METHOD)
     # The heuristic may take the whole limit: whatever the MILP then does, the plan is never slower
     # than the heuristic's (a share of a 30 s limit cut it short at a load of 12: the residual MLP's
     # plan at 70% came out +1.5% against its +1.4% uncut).
