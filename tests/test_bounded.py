@@ -99,6 +99,36 @@ def test_the_bounded_profile_chooses_the_full_ones_plan_and_predicts_its_step(gp
     assert off <= 0.03, (from_bounded.predicted_seconds, from_full.predicted_seconds, len(fulls))
 
 
+def test_what_a_bounded_profile_holds_is_known_before_it_runs_and_measured_within_it(gpt2_profiles):
+    """At a tenth of the step: the bound is raised to what the placeholders and one op need at once
+    (BoundedRun.settled_bound), the runs' counted peak is the dry run's on the trace alone (nothing
+    allocated), and the allocator's events of the warm-up run, the placeholders added, stay within
+    the figure the profile reports (``held_bound_bytes``), far below the step."""
+    from profiler.capture import TANGENT
+    from profiler.measure import _is_buffer_mutation
+    from profiler.rematerialize import BoundedRun
+
+    model, inputs, fulls, _, peak, _ = gpt2_profiles
+    bound = peak // 10
+    bounded = profiler.profile(model, inputs, loss_fn=hf_loss, granularity="op", fuse_loss=False, memory_bound=bound)
+    times = bounded.times
+    tangents = tuple(p.name for p in bounded.joint.placeholders if p.role == TANGENT)
+    run = BoundedRun(bounded.joint.graph_module, bound, _is_buffer_mutation, tangents)
+    # What the warm-up (no scratch known yet) and the timed runs (each op's scratch reserved) hold.
+    warm_up = run.dry_run(None, run.settled_bound(None))
+    timed = run.dry_run(times.scratch_bytes, run.settled_bound(times.scratch_bytes))
+    assert times.held_peak_bytes == max(warm_up.peak_bytes, timed.peak_bytes)
+    assert times.recomputed_calls == warm_up.recomputed_calls + (times.runs) * timed.recomputed_calls > 0
+    largest_scratch = max(times.scratch_bytes.values(), default=0)
+    assert times.held_bound_bytes == max(warm_up.bound_bytes + largest_scratch, timed.bound_bytes)
+    assert warm_up.peak_bytes <= warm_up.bound_bytes and timed.peak_bytes <= timed.bound_bytes
+    # The bound was raised (a tenth cannot hold the parameters and the logits' ops), to a figure
+    # the placeholders and one op explain: no more than them and one more op's worth.
+    largest_op = max(run.op_bytes.values())
+    assert bound < timed.bound_bytes <= warm_up.placeholder_bytes + 2 * largest_op + largest_scratch
+    assert 0 < times.measured_held_bytes <= times.held_bound_bytes < peak / 2
+
+
 # -- the device as a bound --------------------------------------------------------------------------
 def test_a_budget_above_the_device_is_refused_before_anything_runs():
     class Untouchable(torch.nn.Linear):
