@@ -1,12 +1,16 @@
 """Memory-bounded profiles against full ones on the benchmark models (docs/profiler.md, "Planning
 what does not fit").
 
-For each model: the native planner's profile (single ops, the cross-entropy backward unfused) made
-whole, then within half and a tenth of the un-checkpointed step's predicted peak (a step 2x and 10x
-over the bound: profiler/rematerialize.py evicts and recomputes). For each profile: its time, what it
-held at most, the op calls it made again, and the region search (planner/native.py solve_native, no
-measurement) at 50% and 30% of the peak: are the regions the full profile's, and is the predicted
-step within 3% of the full profile's prediction for the same regions?
+For each model, in one process (one thread with --threads 1), one after another: the native
+planner's profile (single ops, the cross-entropy backward unfused) made whole, then within half and
+a tenth of the un-checkpointed step's predicted peak (a step 2x and 10x over the bound:
+profiler/rematerialize.py evicts and recomputes). For each bounded profile: its time, what it held
+at most (counted), the figure it was bound to hold at most (``held_bound_bytes``: the bound raised to
+the placeholders and the largest op) and what the allocator's events say its warm-up run held
+(``measured_held_bytes``), the op calls it made again, the sum of its op times against the full
+profile's, and the region search (planner/native.py solve_native, no measurement) at 50% and 30% of
+the peak: are the regions the full profile's, and is the predicted step within 3% of the full
+profile's prediction for the same regions?
 
     python benchmarks/bounded.py [--models gpt2 bert llama residual-mlp unet] [--budgets 0.5 0.3]
                                  [--threads 1] [--out docs/benchmarks/bounded.md]
@@ -62,7 +66,7 @@ def run(name: str, budgets=BUDGETS) -> list[tuple]:
     full = profile_for(model, inputs, loss_fn=bench.loss_fn, granularity="op")
     full_seconds = time.perf_counter() - started
     peak = _predicted_peak(full)
-    rows = [(name, "full", f"{peak / 2**20:.1f}", f"{full_seconds:.1f}", "-", "-", "", "")]
+    rows = [(name, "full", f"{peak / 2**20:.1f}", f"{full_seconds:.1f}", "-", "-", "-", "-", "-", "", "")]
     plans = {fraction: _solve(full, model, int(fraction * peak)) for fraction in budgets}
     for over in OVER:
         bound = peak // over
@@ -79,8 +83,11 @@ def run(name: str, budgets=BUDGETS) -> list[tuple]:
             # The bounded profile's prediction of the full profile's plan, against the full one's.
             ratio = _seconds_of(bounded, theirs.regions) / _seconds_of(full, theirs.regions)
             within.append(f"{fraction:.0%}: {ratio - 1:+.1%}")
+        times = bounded.times
+        op_sum = sum(times.seconds.values()) / sum(full.times.seconds.values())
         rows.append((name, f"bound = peak/{over}", f"{bound / 2**20:.1f}", f"{seconds:.1f}",
-                     f"{bounded.times.held_peak_bytes / 2**20:.1f}", str(bounded.times.recomputed_calls),
+                     f"{times.held_peak_bytes / 2**20:.1f}", f"{times.held_bound_bytes / 2**20:.1f}",
+                     f"{times.measured_held_bytes / 2**20:.1f}", str(times.recomputed_calls), f"{op_sum - 1:+.1%}",
                      ", ".join(same), ", ".join(within)))
         print(rows[-1], flush=True)
     return rows
@@ -97,14 +104,16 @@ def main() -> None:
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    start_load = os.getloadavg()[0]
     rows = []
     for name in args.models:
         rows += run(name, tuple(args.budgets))
     load = os.getloadavg()[0]
-    header = ("model", "profile", "peak or bound (MiB)", "profile (s)", "held at most (MiB)", "ops recomputed",
-              "same regions (budget)", "predicted step vs full (same regions)")
+    header = ("model", "profile", "peak or bound (MiB)", "profile (s)", "held at most (MiB)", "bound to (MiB)",
+              "measured warm-up (MiB)", "ops recomputed", "op times vs full", "same regions (budget)",
+              "predicted step vs full (same regions)")
     text = (f"Command: `python benchmarks/bounded.py {' '.join(sys.argv[1:])}` (torch {torch.__version__}, "
-            f"{torch.get_num_threads()} thread(s), load average {load:.1f} at the end)\n\n"
+            f"{torch.get_num_threads()} thread(s), load average {start_load:.1f} at the start, {load:.1f} at the end)\n\n"
             + markdown_table(header, rows))
     publish(text, args.out)
 

@@ -14,7 +14,10 @@ mutates its inputs or draws random numbers. A
 third run (up to ``repeats`` runs in all) is made only when the second moved the step's total by
 more than :data:`SETTLED` from the first.
 
-On a GPU every op is bracketed by CUDA events; on CPU by the wall clock. The RNG is reset before
+On a GPU every op is bracketed by CUDA events; on CPU by the process's CPU time (one thread), after
+blocks of its outputs' sizes have been written and freed (profiler/prefault.py: an op is timed on
+memory already mapped wherever the allocator would reuse it, so that a memory-bounded run and a
+whole one time it alike). The RNG is reset before
 each run, so every run draws the same numbers, and restored afterwards. Buffer mutations (``copy_``
 into a buffer) are not executed: measuring must not change the model.
 """
@@ -31,6 +34,7 @@ import torch.fx as fx
 import torch.utils._pytree as pytree
 
 from .allocations import cpu_allocations, cpu_memory_profile, replay
+from .prefault import prefault_sizes, touch_then_free
 from .rematerialize import BoundedRun, BoundedStats
 from .state import cuda_devices, get_rng_state, set_rng_state
 
@@ -275,6 +279,7 @@ class _Timing:
     def __init__(self, use_events: bool, samples: dict[str, list[float]], extra: dict[str, int]):
         self.use_events, self.samples, self.extra = use_events, samples, extra
         self.events = []
+        self.prefault: dict[str, tuple[int, ...]] = {}  # CPU: per op, its outputs' sizes (profiler/prefault.py)
 
     def call(self, node: fx.Node, args, kwargs):
         # The extra calls first, each result dropped before the next call: the op never holds two
@@ -291,6 +296,11 @@ class _Timing:
             end.record()
             self.events.append((node.name, start, end))
             return result
+        sizes = self.prefault.get(node.name)
+        if sizes is None:
+            sizes = self.prefault[node.name] = prefault_sizes(node)
+        if sizes:
+            touch_then_free(sizes)  # the op's outputs on mapped pages, in a bounded run as in a whole one
         clock = _cpu_op_clock()
         start_time = clock()
         result = node.target(*args, **kwargs)

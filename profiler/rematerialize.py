@@ -74,15 +74,19 @@ def _mutates(node: fx.Node) -> bool:
     return isinstance(target, torch._ops.OpOverload) and target._schema.is_mutable
 
 
+def output_storage_bytes(node: fx.Node) -> list[int]:
+    """The bytes of each distinct storage the op allocates for its outputs (from its traced fake
+    outputs); none for an op whose outputs alias its inputs."""
+    if node.op != "call_function" or _aliases_an_input(node):
+        return []
+    storages = {_storage_key(t): storage_bytes(t) for t in _tensor_leaves(node.meta.get("val"))}
+    return list(storages.values())
+
+
 def fresh_bytes(node: fx.Node) -> int:
     """Bytes the op allocates for its outputs (distinct storages of its traced fake outputs), 0
     for an op whose outputs alias its inputs."""
-    if node.op != "call_function" or _aliases_an_input(node):
-        return 0
-    from torch.multiprocessing.reductions import StorageWeakRef
-
-    storages = {StorageWeakRef(t.untyped_storage()): storage_bytes(t) for t in _tensor_leaves(node.meta.get("val"))}
-    return sum(storages.values())
+    return sum(output_storage_bytes(node))
 
 
 def _derived_from(nodes: list[fx.Node], sources: set[str]) -> set[str]:

@@ -129,6 +129,23 @@ def test_what_a_bounded_profile_holds_is_known_before_it_runs_and_measured_withi
     assert 0 < times.measured_held_bytes <= times.held_bound_bytes < peak / 2
 
 
+def test_ops_are_timed_on_mapped_memory_their_outputs_sizes_from_the_trace(gpt2_profiles):
+    """profiler/prefault.py: before a CPU op is timed, blocks of its outputs' sizes are written and
+    freed, so that a bounded run (which frees evicted values just before) and a whole one (which
+    holds them) time the op on the same kind of memory. Sizes are the trace's; a view needs none."""
+    from profiler.prefault import SMALLEST_MAPPED, prefault_sizes, touch_then_free
+
+    _, _, fulls, _, _, _ = gpt2_profiles
+    nodes = [n for n in fulls[0].joint.graph_module.graph.nodes if n.op == "call_function"]
+    logits = max((n for n in nodes if n.target is torch.ops.aten.mm.default),
+                 key=lambda n: n.meta["val"].numel())
+    assert prefault_sizes(logits) == (logits.meta["val"].numel() * 4,)  # 8 x 128 tokens x 1000 floats
+    views = [n for n in nodes if n.target in (torch.ops.aten.view.default, torch.ops.aten.t.default)]
+    assert views and all(prefault_sizes(n) == () for n in views)
+    assert all(size >= SMALLEST_MAPPED for n in nodes for size in prefault_sizes(n))
+    touch_then_free(prefault_sizes(logits))
+
+
 # -- the device as a bound --------------------------------------------------------------------------
 def test_a_budget_above_the_device_is_refused_before_anything_runs():
     class Untouchable(torch.nn.Linear):
