@@ -18,7 +18,7 @@ from solvers import Infeasible, SolverTimeout, simulate
 from solvers.options import check_time_limit
 from solvers.store_all import store_all_schedule
 
-from .bounded import check_within_device, device_memory_of, profiling_bound
+from .bounded import check_within_device, device_memory_of, parse_device_memory, profiling_bound
 from .executor_choice import executor_choice, planned
 from .budget import format_bytes, parse_budget
 from .fallback import FallbackWarning, ModuleChainPlan
@@ -411,22 +411,12 @@ def _check_optimizer_with(executor: str, compile: bool, distributed) -> None:
                           "its step on each rank's shards; plan without optimizer= and leave them free in the budget")
 
 
-def _refuse_optimizer_untraced(optimizer, reason: str) -> None:
-    """optimizer= needs the traced step's gradients (planner/optimizer.py); an eagerly recorded step
-    (a model the tracer cannot follow) does not list them yet."""
-    if optimizer is not None:
-        raise SolverError(f"optimizer= is counted on the traced step, and this model's step cannot be traced "
-                          f"({reason}): its plan is made from an eagerly recorded step, which does not count the "
-                          "optimizer; plan without optimizer= and a budget that leaves the optimizer's state and "
-                          "step free")
-
-
 def _plan_native(model, example_inputs, parsed, loss_fn, time_limit, granularity, profile, distributed,
                  optimizer=None, device_memory: int | None = None) -> Plan:
     if is_eager(profile):  # recorded eagerly (a model the tracer cannot follow): planned as its first plan was
-        _refuse_optimizer_untraced(optimizer, profile.joint.reason)
         return plan_untraceable(model, example_inputs, parsed, loss_fn=loss_fn, time_limit=time_limit,
-                                distributed=distributed, profile=profile)
+                                distributed=distributed, profile=profile, device_memory=device_memory,
+                                optimizer=optimizer)
     try:
         started = time.perf_counter()
         made = plan_native(model, example_inputs, parsed, loss_fn=loss_fn, time_limit=time_limit,
@@ -434,9 +424,9 @@ def _plan_native(model, example_inputs, parsed, loss_fn, time_limit, granularity
                            device_memory=device_memory)
         return with_unrestricted_bound(made, time.perf_counter() - started)  # the class's cost beside it
     except profiler.TraceError as error:  # recorded eagerly instead (planner/untraced.py)
-        _refuse_optimizer_untraced(optimizer, error.reason)
         return plan_untraceable(model, example_inputs, parsed, loss_fn=loss_fn, reason=error.reason,
-                                time_limit=time_limit, distributed=distributed)
+                                time_limit=time_limit, distributed=distributed, device_memory=device_memory,
+                                optimizer=optimizer)
     except BudgetInfeasible:
         raise
     except Infeasible as error:
@@ -507,17 +497,19 @@ def _minimum_budget(profile, solver: str, time_limit, search: bool, unplanned_pe
 
 def plan_untraceable(model: torch.nn.Module, example_inputs, budget="100%", loss_fn: Callable | None = None,
                      reason: str = "", time_limit: float | None = None, distributed=None,
-                     profile: profiler.Profile | None = None) -> NativePlan:
+                     profile: profiler.Profile | None = None, device_memory=None, optimizer=None) -> NativePlan:
     """The plan for a model the tracer cannot follow: a :class:`NativePlan` like any other, its
     step recorded eagerly op by op instead of traced (planner/untraced.py, profiler/eager.py),
     predicted, measured once and repaired as native plans are. ``reason``: the tracer's error, kept
     in the plan's solver message. ``profile``: the plan's ``profile`` (an eager one) from an earlier
     call, to plan another budget without recording the step again. Raises :class:`BudgetInfeasible`
-    as :func:`plan` does."""
+    as :func:`plan` does. ``device_memory`` (bytes or a size): the eager step is refused before it
+    would hold more (profiler/eager_bound.py). ``optimizer``: the whole iteration, as :func:`plan`."""
     parsed = parse_budget(budget)
     try:
         return plan_untraced(model, example_inputs, parsed, loss_fn=loss_fn, time_limit=time_limit, reason=reason,
-                             distributed=distributed, profile=profile)
+                             distributed=distributed, profile=profile,
+                             device_memory=parse_device_memory(device_memory), optimizer=optimizer)
     except BudgetInfeasible:
         raise
     except Infeasible as error:

@@ -42,18 +42,23 @@ POLICIES: tuple[str, ...] = tuple(name for name, policy in SAVE_POLICIES.items()
 
 def plan_untraced(model: torch.nn.Module, example_inputs, budget: Budget, loss_fn: Callable | None = None,
                   time_limit: float | None = None, reason: str = "", distributed=None,
-                  profile: profiler.Profile | None = None) -> NativePlan:
+                  profile: profiler.Profile | None = None, device_memory: int | None = None,
+                  optimizer=None) -> NativePlan:
     """A :class:`NativePlan` for ``budget`` from an eagerly recorded step (the module docstring).
     ``reason``: why the tracer could not follow the model, kept in the plan's solver message.
     ``profile``: an earlier :func:`profiler.eager.eager_profile` of the same model and inputs, to plan
     another budget without recording again. Raises :class:`solvers.Infeasible` (``min_budget`` in
-    whole-step bytes) as plan_native does."""
+    whole-step bytes) as plan_native does. ``device_memory`` (bytes, planner/bounded.py): the eager
+    step cannot be recorded within a bound (nothing to evict: profiler/eager_bound.py), so it is
+    refused with :class:`profiler.oom.OutOfMemory` before it would hold more than the device.
+    ``optimizer`` (planner/optimizer.py): the whole iteration, its state counted for the parameters
+    the recorded backward gave a gradient (``EagerStep.grad_params``)."""
     if profile is None:
         remove_native(model)  # re-planning a model planned before: record its own forward
-        profile = eager_profile(model, example_inputs, loss_fn=loss_fn, reason=reason)
+        profile = eager_profile(model, example_inputs, loss_fn=loss_fn, reason=reason, memory_bound=device_memory)
     reason = reason or profile.joint.reason
     plan = plan_native(model, example_inputs, budget, loss_fn=loss_fn, time_limit=time_limit, profile=profile,
-                       distributed=distributed, policies=POLICIES)
+                       distributed=distributed, policies=POLICIES, device_memory=device_memory, optimizer=optimizer)
     info: SolverInfo = plan.schedule.info
     note = "profiled from an eager step: the tracer cannot follow the model" + (f" ({reason})" if reason else "")
     plan.schedule = plan.schedule.with_info(message=f"{info.message}; {note}" if info.message else note)

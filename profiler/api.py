@@ -12,7 +12,7 @@ from collections.abc import Callable
 import networkx as nx
 import torch
 
-from .capture import JointGraph, autocast_disabled, capture
+from .capture import TANGENT, JointGraph, autocast_disabled, capture
 from .costgraph import build_cost_graph
 from .fusions import recompute_log_probs, recomputed_times
 from .grouping import Grouping, group_graph
@@ -211,7 +211,9 @@ def profile(
         values = _placeholder_values(model, joint, args, kwargs, tangents)
         # the trace holds autocast's casts; autocast again would re-cast
         with autocast_disabled(), reported_out_of_memory("timing the step's ops"):
-            times = time_ops(joint.graph_module, values, repeats=repeats, memory_bound=memory_bound)
+            tangent_names = tuple(p.name for p in joint.placeholders if p.role == TANGENT)
+            times = time_ops(joint.graph_module, values, repeats=repeats, memory_bound=memory_bound,
+                             tangents=tangent_names)
         del values
         if times_cache is not None:
             times_cache.store(key, CachedTimes(times, float(joint.loss.seconds)))

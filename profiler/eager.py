@@ -49,6 +49,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from .allocations import cpu_memory_profile
+from .eager_bound import StepBound, cpu_free_under_a_limit
 from .capture import autocast_state
 from .costgraph import LOSS, fingerprint
 from .inputs import InputLayout, input_layout, normalise_inputs
@@ -72,13 +73,16 @@ MAX_TIMED_RUNS = 5
 class EagerStep:
     """What a plan records about the step (planner/planfile.py profile_fields), for an eager profile:
     the loss's figures and differentiated outputs, the inputs' layout, the model output's structure
-    and the autocast state. ``reason``: why the step was recorded eagerly (the tracer's error)."""
+    and the autocast state. ``reason``: why the step was recorded eagerly (the tracer's error).
+    ``grad_params``: (parameter name, "") for each parameter the recorded backward gave a gradient,
+    as a traced step lists them (planner/optimizer.py counts an optimizer's state for those)."""
 
     loss: LossInfo
     layout: InputLayout
     output_spec: pytree.TreeSpec
     autocast: str = ""
     reason: str = ""
+    grad_params: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass
@@ -102,6 +106,7 @@ class _Recording:
     last_alive: dict[int, int] = field(default_factory=dict)  # storage serial -> last op index it was alive at
     survivors: set[int] = field(default_factory=set)  # storages alive when the step ended
     step_seconds: float = 0.0  # wall time of the recorded step; after record(), of a step without the recorder
+    with_gradient: tuple[str, ...] = ()  # the parameters the backward gave a gradient, by name
 
 
 def _storage_ref(tensor) -> StorageWeakRef | None:
@@ -191,9 +196,10 @@ class _Recorder(TorchDispatchMode):
     op for the allocator's events (CPU) or reads the CUDA allocator's peak around it."""
 
     def __init__(self, tagger: _Tagger, fixed: set[int], sync: Callable[[], None], cuda_device: int | None,
-                 measure_scratch: bool):
+                 measure_scratch: bool, bound: StepBound | None = None):
         super().__init__()
-        self.tagger, self.fixed, self.sync = tagger, fixed, sync
+        self.tagger, self.fixed, self.sync, self.bound = tagger, fixed, sync, bound
+        self.sizes: dict[int, int] = {}  # serial number -> bytes, for the bound
         self.cuda_device, self.measure_scratch = cuda_device, measure_scratch
         self.recording = _Recording()
         self.live: dict[int, tuple[int, StorageWeakRef]] = {}  # address -> (serial number, weak reference)
@@ -207,6 +213,8 @@ class _Recorder(TorchDispatchMode):
             if expired(address):
                 self.recording.last_alive[serial] = index
                 del self.live[address]
+                if self.bound is not None:
+                    self.bound.freed(self.sizes.pop(serial))
 
     def finish(self) -> None:
         self.collect_dead()
@@ -222,6 +230,8 @@ class _Recorder(TorchDispatchMode):
         read_addresses = {ref.cdata for t in pytree.tree_leaves((args, kwargs)) if (ref := _storage_ref(t)) is not None}
         index = len(self.recording.ops)
         scratch = 0
+        if self.bound is not None:
+            self.bound.before(func, args, kwargs)  # profiler/eager_bound.py: refused before it allocates
         if self.measure_scratch and self.cuda_device is not None:
             torch.cuda.synchronize(self.cuda_device)
             before = torch.cuda.memory_allocated(self.cuda_device)
@@ -247,6 +257,9 @@ class _Recorder(TorchDispatchMode):
             serial = self.serials = self.serials + 1
             self.live[ref.cdata] = (serial, ref)
             made.append((serial, storage_bytes(t)))
+        if self.bound is not None:
+            self.sizes.update(made)
+            self.bound.after(sum(size for _, size in made))
         tagger = self.tagger
         self.recording.ops.append(_Op(
             name=str(func), phase=tagger.phase, module=tagger.module if tagger.phase != LOSS_PHASE else "",
@@ -257,15 +270,16 @@ class _Recorder(TorchDispatchMode):
 
 
 def _record_step(model, args, kwargs, loss_fn, fixed: set[int], devices: list[int],
-                 measure_scratch: bool) -> _Recording:
-    """One training step under the recorder; the parameters' ``.grad`` are None before it."""
+                 measure_scratch: bool, bound: StepBound | None = None) -> _Recording:
+    """One training step under the recorder; the parameters' ``.grad`` are None before it.
+    ``bound``: refuse an op that would take the step past it (profiler/eager_bound.py)."""
     for p in model.parameters():
         p.grad = None
     device = devices[0] if devices else None
     sync = (lambda: torch.cuda.synchronize(device)) if device is not None else (lambda: None)
     started = time.perf_counter()
     with _Tagger(model) as tagger:
-        recorder = _Recorder(tagger, fixed, sync, device, measure_scratch)
+        recorder = _Recorder(tagger, fixed, sync, device, measure_scratch, bound)
         with recorder:
             output = model(*args, **kwargs)
             tagger.forward_done()
@@ -273,6 +287,7 @@ def _record_step(model, args, kwargs, loss_fn, fixed: set[int], devices: list[in
             tagger.tag_backward(loss.grad_fn)
             loss.backward()
             recorder.finish()  # the caller's output and loss are still held: they survive the step
+        recorder.recording.with_gradient = tuple(name for name, p in model.named_parameters() if p.grad is not None)
         del output, loss
     sync()
     recorder.recording.step_seconds = time.perf_counter() - started
@@ -283,13 +298,15 @@ def _same_ops(a: _Recording, b: _Recording) -> bool:
     return len(a.ops) == len(b.ops) and all(x.name == y.name for x, y in zip(a.ops, b.ops))
 
 
-def record(model: torch.nn.Module, args: tuple, kwargs: dict, loss_fn: Callable, repeats: int = 3) -> _Recording:
+def record(model: torch.nn.Module, args: tuple, kwargs: dict, loss_fn: Callable, repeats: int = 3,
+           bound: StepBound | None = None) -> _Recording:
     """The step recorded ``repeats`` times or more from the same RNG state (at least twice): the first
     run with each op's scratch memory measured, the others timed, until the sum of the ops' least
     times settles (:data:`SETTLED`, at most :data:`MAX_TIMED_RUNS`); each op's time is its least over the
     timed runs (another process's load only adds) plus its share of the overhead of a step run
     without the recorder (the least of as many runs and of the timed recorded steps, which can only
-    be slower). Model, buffers, RNG and ``.grad`` left as they were."""
+    be slower). Model, buffers, RNG and ``.grad`` left as they were. ``bound``: the first step is
+    refused before an op would take it past the bound (the others repeat it)."""
     devices = cuda_devices([*model.parameters(), *pytree.tree_leaves((args, kwargs))])
     inputs = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
     fixed = {ref.cdata for t in [*model.parameters(), *model.buffers(), *inputs] if (ref := _storage_ref(t))}
@@ -298,10 +315,12 @@ def record(model: torch.nn.Module, args: tuple, kwargs: dict, loss_fn: Callable,
         with preserved_state(model, devices):
             rng = get_rng_state(devices)
             if devices:
-                recorded = _record_step(model, args, kwargs, loss_fn, fixed, devices, measure_scratch=True)
+                recorded = _record_step(model, args, kwargs, loss_fn, fixed, devices, measure_scratch=True,
+                                        bound=bound)
             else:
                 with cpu_memory_profile() as memory_profile:
-                    recorded = _record_step(model, args, kwargs, loss_fn, fixed, devices, measure_scratch=True)
+                    recorded = _record_step(model, args, kwargs, loss_fn, fixed, devices, measure_scratch=True,
+                                            bound=bound)
                 for label, scratch in _scratch_from_events(memory_profile).items():
                     if label.isdigit() and int(label) < len(recorded.ops):
                         recorded.ops[int(label)].scratch = scratch
@@ -443,30 +462,41 @@ def _add_lifetimes(graph: nx.DiGraph, recording: _Recording, owner: dict[int, st
 
 
 def eager_profile(model: torch.nn.Module, example_inputs, loss_fn: Callable | None = None, repeats: int = 3,
-                  reason: str = ""):
+                  reason: str = "", memory_bound: int | None = None):
     """The :class:`profiler.Profile` (``"op"`` granularity, ``joint`` an :class:`EagerStep`) of
     ``model``'s training step on ``example_inputs``, recorded eagerly (the module docstring):
     ``cost`` in seconds, ``mem`` and ``workspace`` in bytes, ``fixed_bytes`` the parameters', buffers'
-    and inputs' storages. ``reason``: why the tracer was not used, kept in the profile."""
+    and inputs' storages. ``reason``: why the tracer was not used, kept in the profile.
+    ``memory_bound`` (bytes, resident ones included; None: none): the step is recorded first, and
+    refused with :class:`profiler.oom.OutOfMemory` before an op would take it past the bound
+    (profiler/eager_bound.py); the loss's own run after it holds less than the step."""
     from .api import Profile
 
     started = time.perf_counter()
     args, kwargs = normalise_inputs(example_inputs)
     loss_fn = loss_fn or default_loss
     devices = cuda_devices([*model.parameters()])
+    inputs = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+    bound = None
+    if memory_bound is not None:
+        device = "cuda" if devices else "cpu"
+        bound = StepBound(memory_bound, resident_bytes(model, inputs), device,
+                          "recording the un-checkpointed step eagerly (the tracer cannot follow the model, so it "
+                          "cannot be profiled within a bound)", free_now=cpu_free_under_a_limit if not devices
+                          else (lambda: None))
+    recording = record(model, args, kwargs, loss_fn, repeats, bound)
     with preserved_state(model, devices):
         loss, _ = run_planning_loss(model, args, kwargs, loss_fn)
         with torch.no_grad():
             output = model(*args, **kwargs)
         output_spec = pytree.tree_structure(output)
         del output
-    recording = record(model, args, kwargs, loss_fn, repeats)
-    inputs = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
     graph = build_graph(recording, resident_bytes(model, inputs))
     device = str(next((p.device for p in model.parameters()), torch.device("cpu")))
     graph.graph.update(device=device, torch_version=torch.__version__, eager=True,
                        step_seconds=recording.step_seconds)
-    step = EagerStep(loss, input_layout(args, kwargs), output_spec, autocast_state(), reason)
+    step = EagerStep(loss, input_layout(args, kwargs), output_spec, autocast_state(), reason,
+                     tuple((name, "") for name in recording.with_gradient))
     return Profile(graph, step, None, None, GRANULARITY, device, time.perf_counter() - started)
 
 

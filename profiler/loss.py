@@ -115,11 +115,15 @@ def _eager_outputs(model: torch.nn.Module, args, kwargs) -> _DetachedOutputs:
 def _outputs_without_autograd(model: torch.nn.Module, args, kwargs) -> _DetachedOutputs:
     """The model's outputs from a forward under ``torch.no_grad`` (nothing saved for a backward),
     each marked as requiring grad where the same forward on fake tensors with autograd says it does.
-    A forward fake tensors cannot run (data-dependent control flow) is run eagerly with autograd:
-    the tracer will refuse such a model anyway (planner/fallback.py then measures it whole)."""
+    A forward fake tensors cannot run (data-dependent control flow) is run eagerly with autograd,
+    saving nothing for a backward (a saved-tensors hook drops what autograd would keep: the outputs
+    are detached, nothing goes back through the model), so that which outputs require grad is
+    autograd's own: the tracer will refuse such a model anyway, and its eager recording is bounded
+    by profiler/eager_bound.py, which this forward must not pass first."""
     requires_grad = _fake_requires_grad(model, args, kwargs)
     if requires_grad is None:
-        return _eager_outputs(model, args, kwargs)
+        with torch.autograd.graph.saved_tensors_hooks(_dropped, _never_unpacked):
+            return _eager_outputs(model, args, kwargs)
     with torch.no_grad():
         output = _call_model(model, args, kwargs)
     leaves, spec = pytree.tree_flatten(output)
@@ -127,6 +131,14 @@ def _outputs_without_autograd(model: torch.nn.Module, args, kwargs) -> _Detached
         del output, leaves
         return _eager_outputs(model, args, kwargs)
     return _detached(leaves, spec, requires_grad)
+
+
+def _dropped(tensor: torch.Tensor) -> None:
+    return None
+
+
+def _never_unpacked(packed) -> torch.Tensor:
+    raise RuntimeError("the planning loss's forward saved nothing for a backward through the model")
 
 
 def _fake_requires_grad(model: torch.nn.Module, args, kwargs) -> list[bool] | None:

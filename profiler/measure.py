@@ -14,7 +14,10 @@ mutates its inputs or draws random numbers. A
 third run (up to ``repeats`` runs in all) is made only when the second moved the step's total by
 more than :data:`SETTLED` from the first.
 
-On a GPU every op is bracketed by CUDA events; on CPU by the wall clock. The RNG is reset before
+On a GPU every op is bracketed by CUDA events; on CPU by the process's CPU time (one thread), after
+blocks of its outputs' sizes have been written and freed (profiler/prefault.py: an op is timed on
+memory already mapped wherever the allocator would reuse it, so that a memory-bounded run and a
+whole one time it alike). The RNG is reset before
 each run, so every run draws the same numbers, and restored afterwards. Buffer mutations (``copy_``
 into a buffer) are not executed: measuring must not change the model.
 """
@@ -31,6 +34,7 @@ import torch.fx as fx
 import torch.utils._pytree as pytree
 
 from .allocations import cpu_allocations, cpu_memory_profile, replay
+from .prefault import prefault_sizes, touch_then_free
 from .rematerialize import BoundedRun, BoundedStats
 from .state import cuda_devices, get_rng_state, set_rng_state
 
@@ -48,6 +52,12 @@ class OpTimes:
     # both 0 for an unbounded profile.
     held_peak_bytes: int = 0
     recomputed_calls: int = 0
+    # The most the bounded runs may hold (BoundedRun.settled_bound: the bound given, raised to what
+    # the placeholders and one op need at once), the warm-up's with the largest scratch beside it
+    # (its scratch was not known before it ran); and on CPU what the allocator's events say the
+    # warm-up held at most, the placeholders included. 0 unbounded.
+    held_bound_bytes: int = 0
+    measured_held_bytes: int = 0
 
 
 def _is_buffer_mutation(node: fx.Node) -> bool:
@@ -93,13 +103,16 @@ def _scratch_from_events(profile) -> dict[str, int]:
 SETTLED = 0.01
 
 
-def time_ops(graph_module: fx.GraphModule, inputs: list, repeats: int = 3, memory_bound: int | None = None) -> OpTimes:
+def time_ops(graph_module: fx.GraphModule, inputs: list, repeats: int = 3, memory_bound: int | None = None,
+             tangents: tuple[str, ...] = ()) -> OpTimes:
     """Run the graph on ``inputs`` (placeholders in order) and time every op (the module docstring
     says how many runs and samples and which time each op gets).
 
     ``memory_bound`` (bytes, for every tensor the runs hold, ``inputs`` included): each run holds at
     most that, evicting values and recomputing them when read again (profiler/rematerialize.py);
     every op is still timed where the graph runs it. None: the whole step is held as it runs.
+    ``tangents``: the placeholders' names that hold the loss's gradients (what the bounded run evicts
+    last is derived from them).
 
     The warm-up run also measures each op's scratch memory (:attr:`OpTimes.scratch_bytes`): on CPU
     from the allocator's events (``torch.profiler`` with ``profile_memory``), on CUDA from
@@ -113,8 +126,9 @@ def time_ops(graph_module: fx.GraphModule, inputs: list, repeats: int = 3, memor
     step_times = []
     saved_rng = get_rng_state(devices)
     runs: list[dict[str, list[float]]] = []
-    bounded = None if memory_bound is None else BoundedRun(graph_module, memory_bound, _is_buffer_mutation)
+    bounded = None if memory_bound is None else BoundedRun(graph_module, memory_bound, _is_buffer_mutation, tangents)
     held_peak = recomputed = 0
+    bound_bytes = None  # the timed runs' (BoundedRun.settled_bound, with the ops' scratch reserved)
     try:
         # The memory profiler is entered and left by a context manager: an op that raises must not
         # leave torch.profiler enabled (the process then crashed at exit, rc 139, even when the
@@ -122,21 +136,29 @@ def time_ops(graph_module: fx.GraphModule, inputs: list, repeats: int = 3, memor
         recording = cpu_memory_profile() if not use_events else contextlib.nullcontext()
         with recording as memory_profile:  # the warm-up: lazy initialisation, allocator, scratch
             _, stats = _run_graph(graph_module, inputs, frees, _WarmUp(use_events, scratch, signatures), saved_rng,
-                                  bounded)
+                                  bounded, None, bounded.settled_bound() if bounded else None)
         if memory_profile is not None:
             scratch.update(_scratch_from_events(memory_profile))
         held_peak, recomputed = (stats.peak_bytes, stats.recomputed_calls) if stats else (0, 0)
+        held_bound = measured_held = 0
+        if stats:
+            held_bound = stats.bound_bytes + max(scratch.values(), default=0)
+            if memory_profile is not None:
+                roots = memory_profile.profiler.kineto_results.experimental_event_tree()
+                measured_held = stats.placeholder_bytes + replay(cpu_allocations(roots))[0]
         extra = _extra_calls(graph, signatures, repeats, runs=min(repeats, 2))
         while True:
             samples: dict[str, list[float]] = {}
             timing = _Timing(use_events, samples, extra if not runs else {})
-            # Room for an op's scratch, and for its extra calls' results beside its own.
-            reserve = {name: scratch.get(name, 0) + (bounded.fresh[name] if name in timing.extra else 0)
-                       for name in signatures} if bounded else None
-            elapsed, stats = _run_graph(graph_module, inputs, frees, timing, saved_rng, bounded, reserve)
+            # Room for an op's scratch (its extra calls' results are dropped before its own is made).
+            reserve = dict(scratch) if bounded else None
+            if bounded and bound_bytes is None:
+                bound_bytes = bounded.settled_bound(reserve)
+            elapsed, stats = _run_graph(graph_module, inputs, frees, timing, saved_rng, bounded, reserve, bound_bytes)
             step_times.append(elapsed)
             if stats:
                 held_peak, recomputed = max(held_peak, stats.peak_bytes), recomputed + stats.recomputed_calls
+                held_bound = max(held_bound, stats.bound_bytes)
             runs.append(samples)
             if len(runs) >= repeats or (len(runs) >= 2 and _settled(runs, signatures)):
                 break
@@ -145,7 +167,8 @@ def time_ops(graph_module: fx.GraphModule, inputs: list, repeats: int = 3, memor
     least = _least_by_signature(runs, signatures)
     seconds = {name: least[signatures.get(name, name)] for name in runs[0]}
     # The step's wall time from the runs without the in-place calls (all but the first).
-    return OpTimes(seconds, len(runs), statistics.median(step_times[1:] or step_times), scratch, held_peak, recomputed)
+    return OpTimes(seconds, len(runs), statistics.median(step_times[1:] or step_times), scratch, held_peak, recomputed,
+                   held_bound, measured_held)
 
 
 def _signature(target, args, kwargs) -> tuple:
@@ -256,12 +279,14 @@ class _Timing:
     def __init__(self, use_events: bool, samples: dict[str, list[float]], extra: dict[str, int]):
         self.use_events, self.samples, self.extra = use_events, samples, extra
         self.events = []
+        self.prefault: dict[str, tuple[int, ...]] = {}  # CPU: per op, its outputs' sizes (profiler/prefault.py)
 
     def call(self, node: fx.Node, args, kwargs):
-        result = self._timed(node, args, kwargs)
+        # The extra calls first, each result dropped before the next call: the op never holds two
+        # outputs at once, so a bounded run needs no room for them beyond the op's own.
         for _ in range(self.extra.get(node.name, 0)):
             self._timed(node, args, kwargs)
-        return result
+        return self._timed(node, args, kwargs)
 
     def _timed(self, node: fx.Node, args, kwargs):
         if self.use_events:
@@ -271,6 +296,11 @@ class _Timing:
             end.record()
             self.events.append((node.name, start, end))
             return result
+        sizes = self.prefault.get(node.name)
+        if sizes is None:
+            sizes = self.prefault[node.name] = prefault_sizes(node)
+        if sizes:
+            touch_then_free(sizes)  # the op's outputs on mapped pages, in a bounded run as in a whole one
         clock = _cpu_op_clock()
         start_time = clock()
         result = node.target(*args, **kwargs)
@@ -283,8 +313,8 @@ class _Timing:
 
 
 def _run_graph(graph_module: fx.GraphModule, inputs: list, frees: dict[str, list[str]], mode: _WarmUp | _Timing,
-               saved_rng, bounded: BoundedRun | None = None, reserve: dict[str, int] | None = None
-               ) -> tuple[float, BoundedStats | None]:
+               saved_rng, bounded: BoundedRun | None = None, reserve: dict[str, int] | None = None,
+               bound_bytes: int | None = None) -> tuple[float, BoundedStats | None]:
     """One run of the whole graph, op by op, from ``saved_rng``, each op called through ``mode``;
     within ``bounded``'s memory bound when given (``reserve``: bytes an op needs beyond its
     outputs). Returns the run's wall time in seconds and the bounded run's figures (None unbounded)."""
@@ -296,7 +326,8 @@ def _run_graph(graph_module: fx.GraphModule, inputs: list, frees: dict[str, list
     run_start = time.perf_counter()
     if bounded is not None:
         with torch.no_grad():
-            stats = bounded.run(inputs, mode.call, lambda node: constant_value(graph_module, node.target), reserve)
+            stats = bounded.run(inputs, mode.call, lambda node: constant_value(graph_module, node.target), reserve,
+                                bound_bytes=bound_bytes)
         if mode.use_events:
             torch.cuda.synchronize()
         mode.finish()

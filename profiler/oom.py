@@ -23,15 +23,15 @@ class OutOfMemory(RuntimeError):
     """The device refused an allocation while the planner profiled or measured the step.
     ``asked_bytes`` and ``free_bytes`` are None where they are not known."""
 
-    def __init__(self, device: str, asked_bytes: int | None, free_bytes: int | None, during: str = ""):
+    def __init__(self, device: str, asked_bytes: int | None, free_bytes: int | None, during: str = "",
+                 advice: str = ""):
         self.device, self.asked_bytes, self.free_bytes = device, asked_bytes, free_bytes
         asked = "? bytes" if asked_bytes is None else f"{asked_bytes} bytes"
         free = "? free" if free_bytes is None else f"{free_bytes} free"
         where = f" while {during}" if during else ""
-        super().__init__(
-            f"out of memory on {device}: {asked} asked, {free}{where}. Planning holds at most the budget (or "
-            "--device-memory / device_memory=, when lower) plus the largest single op; give a lower budget, "
-            "or free memory on the device")
+        advice = advice or ("Planning holds at most the budget (or --device-memory / device_memory=, when lower) "
+                            "plus the largest single op; give a lower budget, or free memory on the device")
+        super().__init__(f"out of memory on {device}: {asked} asked, {free}{where}. {advice}")
 
 
 def _bytes(number: str, unit: str) -> int:

@@ -99,6 +99,53 @@ def test_the_bounded_profile_chooses_the_full_ones_plan_and_predicts_its_step(gp
     assert off <= 0.03, (from_bounded.predicted_seconds, from_full.predicted_seconds, len(fulls))
 
 
+def test_what_a_bounded_profile_holds_is_known_before_it_runs_and_measured_within_it(gpt2_profiles):
+    """At a tenth of the step: the bound is raised to what the placeholders and one op need at once
+    (BoundedRun.settled_bound), the runs' counted peak is the dry run's on the trace alone (nothing
+    allocated), and the allocator's events of the warm-up run, the placeholders added, stay within
+    the figure the profile reports (``held_bound_bytes``), far below the step."""
+    from profiler.capture import TANGENT
+    from profiler.measure import _is_buffer_mutation
+    from profiler.rematerialize import BoundedRun
+
+    model, inputs, fulls, _, peak, _ = gpt2_profiles
+    bound = peak // 10
+    bounded = profiler.profile(model, inputs, loss_fn=hf_loss, granularity="op", fuse_loss=False, memory_bound=bound)
+    times = bounded.times
+    tangents = tuple(p.name for p in bounded.joint.placeholders if p.role == TANGENT)
+    run = BoundedRun(bounded.joint.graph_module, bound, _is_buffer_mutation, tangents)
+    # What the warm-up (no scratch known yet) and the timed runs (each op's scratch reserved) hold.
+    warm_up = run.dry_run(None, run.settled_bound(None))
+    timed = run.dry_run(times.scratch_bytes, run.settled_bound(times.scratch_bytes))
+    assert times.held_peak_bytes == max(warm_up.peak_bytes, timed.peak_bytes)
+    assert times.recomputed_calls == warm_up.recomputed_calls + (times.runs) * timed.recomputed_calls > 0
+    largest_scratch = max(times.scratch_bytes.values(), default=0)
+    assert times.held_bound_bytes == max(warm_up.bound_bytes + largest_scratch, timed.bound_bytes)
+    assert warm_up.peak_bytes <= warm_up.bound_bytes and timed.peak_bytes <= timed.bound_bytes
+    # The bound was raised (a tenth cannot hold the parameters and the logits' ops), to a figure
+    # the placeholders and one op explain: no more than them and one more op's worth.
+    largest_op = max(run.op_bytes.values())
+    assert bound < timed.bound_bytes <= warm_up.placeholder_bytes + 2 * largest_op + largest_scratch
+    assert 0 < times.measured_held_bytes <= times.held_bound_bytes < peak / 2
+
+
+def test_ops_are_timed_on_mapped_memory_their_outputs_sizes_from_the_trace(gpt2_profiles):
+    """profiler/prefault.py: before a CPU op is timed, blocks of its outputs' sizes are written and
+    freed, so that a bounded run (which frees evicted values just before) and a whole one (which
+    holds them) time the op on the same kind of memory. Sizes are the trace's; a view needs none."""
+    from profiler.prefault import SMALLEST_MAPPED, prefault_sizes, touch_then_free
+
+    _, _, fulls, _, _, _ = gpt2_profiles
+    nodes = [n for n in fulls[0].joint.graph_module.graph.nodes if n.op == "call_function"]
+    logits = max((n for n in nodes if n.target is torch.ops.aten.mm.default),
+                 key=lambda n: n.meta["val"].numel())
+    assert prefault_sizes(logits) == (logits.meta["val"].numel() * 4,)  # 8 x 128 tokens x 1000 floats
+    views = [n for n in nodes if n.target in (torch.ops.aten.view.default, torch.ops.aten.t.default)]
+    assert views and all(prefault_sizes(n) == () for n in views)
+    assert all(size >= SMALLEST_MAPPED for n in nodes for size in prefault_sizes(n))
+    touch_then_free(prefault_sizes(logits))
+
+
 # -- the device as a bound --------------------------------------------------------------------------
 def test_a_budget_above_the_device_is_refused_before_anything_runs():
     class Untouchable(torch.nn.Linear):

@@ -319,16 +319,13 @@ def _make_plan(args, model_file, budget, progress, device_memory: int | None = N
         except profiler.TraceError as error:  # planner/untraced.py: a native plan from an eager step instead
             untraceable = error
     optimizer = args.optimizer if args.optimizer is not None else model_file.optimizer
-    if untraceable is not None and optimizer is not None:
-        raise api.SolverError(f"--optimizer is counted by native plans, and this model's step cannot be traced "
-                              f"({untraceable.reason}): its plan is made from an eagerly recorded step, which does "
-                              "not count it; plan without --optimizer and a budget that leaves the optimizer's memory free")
     if untraceable is not None:
         os.environ.setdefault("KINETO_LOG_LEVEL", "99")  # the measuring profiler's start/stop lines
         with progress.task("Could not trace the model; recording an eager step and planning on it"):
             return api.plan_untraceable(model_file.model, model_file.example_inputs, budget,
                                         loss_fn=model_file.loss_fn, reason=untraceable.reason,
-                                        time_limit=args.time_limit)
+                                        time_limit=args.time_limit, device_memory=device_memory,
+                                        optimizer=optimizer)
     limit = f" (time limit {args.time_limit:g} s)" if args.time_limit else ""
     _import_backend(args.solver)
     with progress.task(f"Solving with {args.solver}{limit}"):
