@@ -67,7 +67,7 @@ def _sharded_bytes(p: torch.Tensor, world: int) -> int:
     return -(-rows // world) * (p.numel() // max(rows, 1)) * p.element_size()
 
 
-def _resolve_fsdp2(model: torch.nn.Module, distributed) -> FSDP2:
+def resolve_fsdp2(model: torch.nn.Module, distributed) -> FSDP2:
     if isinstance(distributed, FSDP2):
         return distributed
     import torch.distributed as dist
@@ -151,7 +151,7 @@ def describe_distributed(model: torch.nn.Module, distributed) -> str | None:
     """``distributed`` as a plan records it: ``"ddp"``, or ``"fsdp2"`` with its world size and units."""
     if distributed is None or distributed == "ddp":
         return distributed
-    spec = _resolve_fsdp2(model, distributed)
+    spec = resolve_fsdp2(model, distributed)
     units = repeated_blocks(model) if spec.units is None else tuple(spec.units)
     shown = ", ".join(units[:4]) + (f" and {len(units) - 4} more" if len(units) > 4 else "")
     return f"fsdp2, {spec.world_size} ranks, units {shown or 'none (the root alone)'}"
@@ -173,7 +173,7 @@ def wrapper_bytes(model: torch.nn.Module, distributed, regions=()) -> int:
     if distributed == "ddp":
         trainable = {id(p): p for p in model.parameters() if p.requires_grad}.values()
         return sum(p.numel() * p.element_size() for p in trainable)
-    return fsdp2_bytes(model, _resolve_fsdp2(model, distributed), regions)
+    return fsdp2_bytes(model, resolve_fsdp2(model, distributed), regions)
 
 
 def refuse_wrapped(model: torch.nn.Module) -> None:
