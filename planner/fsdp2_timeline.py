@@ -4,7 +4,7 @@ allocates and frees them (torch/distributed/fsdp/_fully_shard: FSDPParamGroup.un
 wait_for_unshard, reshard, pre_backward, post_backward, foreach_all_gather, foreach_reduce).
 
 Per group (a unit's parameters, or the root's: those in no unit), in bytes, ``world`` ranks, every
-parameter's dim 0 padded to a multiple of ``world`` (planner/sharding.py ``_sharded_bytes``):
+parameter's dim 0 padded to a multiple of ``world`` (planner/sharding.py ``shard_bytes``):
 ``gathered`` its parameters unsharded (padded), ``shard`` this rank's ``gathered / world``,
 ``whole`` its parameters as the unsharded step holds them, ``grads`` its trainable parameters'.
 
@@ -38,7 +38,7 @@ import torch
 from solvers import simulate
 from solvers.schedule import COMPUTE
 
-from .sharding import FSDP2, _sharded_bytes, repeated_blocks
+from .sharding import FSDP2, shard_bytes, repeated_blocks
 
 ROOT = ""  # the root's group: the parameters in no unit
 BACKWARD_KINDS = ("backward", "recompute")
@@ -65,7 +65,7 @@ def sharded_groups(model: torch.nn.Module, spec: FSDP2) -> dict[str, ShardedGrou
             owner[id(p)] = unit
     sizes: dict[str, list[int]] = {unit: [0, 0, 0, 0] for unit in (*units, ROOT)}
     for p in {id(p): p for p in model.parameters()}.values():
-        shard = _sharded_bytes(p, spec.world_size)
+        shard = shard_bytes(p, spec.world_size)
         whole = p.numel() * p.element_size()
         size = sizes[owner.get(id(p), ROOT)]
         size[0] += spec.world_size * shard

@@ -65,26 +65,33 @@ def plan_sharded(model: torch.nn.Module, example_inputs, budget: Budget, loss_fn
     check_within_device(budget, budget_bytes, device_memory)
     over_counted = held + wrapper_bytes(model, spec) + unplanned.outcome.peak_bytes - unplanned_peak
     target = budget_bytes + max(over_counted, 0)
-    for _ in range(REPAIRS + 1):
+    least = None  # the exact peak of the least plan by the bound, once tried
+    for _ in range(REPAIRS + 2):
         try:
             plan = plan_native(model, example_inputs, Budget(bytes=target), loss_fn=loss_fn, time_limit=time_limit,
                                profile=profile, measure=False, distributed=spec, policies=policies)
         except Infeasible as error:
-            if target > budget_bytes:  # the bound's own budget: its plans fit exactly
-                target = budget_bytes
-                continue
-            least = None if error.min_budget is None else error.min_budget - max(over_counted, 0)
-            raise Infeasible(f"budget {budget} ({format_bytes(budget_bytes)} per rank) is below the least that "
-                             "checkpointing the model's modules reaches under FSDP2"
-                             + (f": about {format_bytes(least)} per rank" if least else ""),
-                             min_budget=least, method=error.method) from None
+            if error.min_budget is None or least is not None:
+                raise _below_least(budget, budget_bytes, least) from None
+            target, least = error.min_budget, 0  # the bound's least plan: priced exactly below
+            continue
         exact = fsdp2_peak_bytes(plan.graph, plan.schedule, model, spec, held + _rng_bytes(plan.regions))
         if exact <= budget_bytes:
             return _with_exact_figures(plan, budget, budget_bytes, unplanned_peak, exact)
+        if least == 0:  # the least plan is over the budget exactly too
+            raise _below_least(budget, budget_bytes, exact)
         target -= exact - budget_bytes
     raise Infeasible(f"budget {budget} ({format_bytes(budget_bytes)} per rank): the plans the search found within "
                      "it by FSDP2's upper bound came out over it exactly; try a larger budget",
                      min_budget=None, method="regions")
+
+
+def _below_least(budget: Budget, budget_bytes: int, least: int | None) -> Infeasible:
+    """The refusal of a budget below the least plan's exact per-rank peak (``least``, when known)."""
+    return Infeasible(f"budget {budget} ({format_bytes(budget_bytes)} per rank) is below the least that checkpointing "
+                      "the model's modules reaches under FSDP2"
+                      + (f": {format_bytes(least)} ({least} bytes) per rank" if least else ""),
+                      min_budget=least or None, method="regions")
 
 
 def _rng_bytes(regions) -> int:

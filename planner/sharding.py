@@ -1,6 +1,7 @@
 """What a distributed wrapper changes in one rank's memory: DDP's buckets, per-block FSDP2's shards,
 gathered units and collective buffers, counted against the unsharded step a native plan profiles
-(docs/native.md, "Several processes"). Moved out of planner/native.py unchanged."""
+(docs/native.md, "Several processes"). :func:`fsdp2_bytes` is an upper bound, what the native search
+counts; planner/fsdp2_timeline.py prices one plan's step exactly."""
 
 from __future__ import annotations
 
@@ -60,7 +61,7 @@ def repeated_blocks(model: torch.nn.Module) -> tuple[str, ...]:
     return tuple(found)
 
 
-def _sharded_bytes(p: torch.Tensor, world: int) -> int:
+def shard_bytes(p: torch.Tensor, world: int) -> int:
     """One rank's shard of ``p`` as FSDP2 stores it: dim 0 split in ``world`` chunks, each padded to
     the largest (``ceil(dim0 / world)`` rows; a 0-d tensor is one row)."""
     rows = p.shape[0] if p.dim() else 1
@@ -99,7 +100,7 @@ def fsdp2_bytes(model: torch.nn.Module, spec: FSDP2, regions=()) -> int:
     Under FSDP2 (torch/distributed/fsdp/_fully_shard; FSDPParamGroup's unshard, reshard,
     pre_backward's prefetch and foreach_reduce) one rank holds, besides the same activations:
 
-    - each parameter's padded shard (:func:`_sharded_bytes`), for the whole step, in place of the
+    - each parameter's padded shard (:func:`shard_bytes`), for the whole step, in place of the
       whole parameter;
     - the parameters not in any unit (the root's group) gathered for the whole step: the root does
       not reshard after forward;
@@ -132,11 +133,11 @@ def fsdp2_bytes(model: torch.nn.Module, spec: FSDP2, regions=()) -> int:
             owner[id(p)] = unit
     params = {id(p): p for p in model.parameters()}
     whole = sum(p.numel() * p.element_size() for p in params.values())
-    shards = sum(_sharded_bytes(p, world) for p in params.values())
+    shards = sum(shard_bytes(p, world) for p in params.values())
     gathered: dict[str, int] = {}
     for key, p in params.items():
         unit = owner.get(key, "")
-        gathered[unit] = gathered.get(unit, 0) + world * _sharded_bytes(p, world)
+        gathered[unit] = gathered.get(unit, 0) + world * shard_bytes(p, world)
     root = gathered.pop("", 0)
     largest = max(gathered.values(), default=0)
     spanning = any(_units_inside(region, units) > 1 for region in regions)
