@@ -149,6 +149,7 @@ def sharded_run(tmp_path_factory):
     assert unsharded is not None, done.stderr[-3000:]
     figures.update(unsharded)
     ranks = run_ranks(_rank_work, folder, world=WORLD)
+    print(json.dumps({"planning": {k: v for k, v in figures.items() if k != "summary"}, "ranks": ranks}))  # -s shows it
     return figures, ranks, path
 
 
