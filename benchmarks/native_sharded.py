@@ -1,21 +1,21 @@
 """A model that only fits sharded: a Llama built on the meta device, planned for per-block FSDP2 on 4
-ranks in a process whose address space is capped at half its unsharded step, then trained by 4 gloo
-ranks with the plan (docs/native.md, "A model that only fits sharded"). Writes
-docs/benchmarks/native-sharded.md.
+ranks in a process whose address space is capped below its unsharded step (half, by default), then
+trained by 4 gloo ranks with the plan (docs/native.md, "A model that only fits sharded"). Writes
+docs/benchmarks/native-sharded.md (native-sharded-LAYERSxWIDTH.md for another size).
 
 Figures: the unsharded step's predicted peak (from the meta profile, never run) and the cap; the
 planning process's time and the address space it grew by under the cap; whether the unsharded step
 fails under the same cap (a fresh process); the plan's per-rank budget and predicted peak; each
 rank's measured peak with the plan and without (tests/ranks.py ``rank_peak``: the least of three
-windows with the plan, one without; each an upper bound, as gloo frees some collectives' buffers
-unrecorded: one window of the planned step measured one unit's all-gather buffer high on two of the
-four ranks, 2,623,488 B); the largest gradient difference against the unplanned sharded model over two SGD
-steps, dropout on. The ranks are not capped (gloo's threads reserve address space no allocator
+windows with the plan by default, one without; each an upper bound, as gloo frees some collectives'
+buffers unrecorded: one window of the 8-layer planned step measured one unit's all-gather buffer high
+on two of the four ranks, 2,623,488 B); the largest gradient difference against the unplanned
+sharded model over two SGD steps by default, dropout on. The ranks are not capped (gloo's threads reserve address space no allocator
 sees).
 
-    python benchmarks/native_sharded.py                  # 8 layers, width 256 (a few minutes here)
-    python benchmarks/native_sharded.py --layers 16 --width 1024 --vocab 32000 --repeats 1 --gradient-steps 1
-                                                         # the issue's case: docs/benchmarks/native-sharded-16x1024.md
+    python benchmarks/native_sharded.py       # 8 layers, width 256: a few minutes here
+    python benchmarks/native_sharded.py --layers 16 --width 1024 --vocab 32000 --budget 70% \
+        --cap-fraction 0.6 --repeats 1 --gradient-steps 1     # the issue's case
 """
 
 from __future__ import annotations
@@ -168,6 +168,8 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=256)
     parser.add_argument("--batch", type=int, default=2)
     parser.add_argument("--budget", default="45%")
+    parser.add_argument("--cap-fraction", type=float, default=0.5,
+                        help="the planning process's address-space cap, as a fraction of the unsharded step's peak")
     parser.add_argument("--repeats", type=int, default=3, help="windows of the planned step's peak (the least kept)")
     parser.add_argument("--gradient-steps", type=int, default=2, help="SGD steps compared with the unplanned run")
     args = parser.parse_args()
@@ -177,7 +179,7 @@ def main() -> None:
     with open(os.path.join(folder, "shape.json"), "w") as file:
         json.dump({**shape, "runs": {"repeats": args.repeats, "gradient_steps": args.gradient_steps}}, file)
     unsharded = unsharded_peak(shape)
-    cap = unsharded // 2
+    cap = int(unsharded * args.cap_fraction)
     values = dict(benchmarks=HERE, shape=shape, cap=cap, world=WORLD, budget=args.budget,
                   path=os.path.join(folder, "plan.json"))
     planned, done = run_capped(PLANNING.format(**values), timeout=1800)
@@ -193,14 +195,16 @@ def main() -> None:
         "# A model that only fits sharded",
         "",
         f"`python benchmarks/native_sharded.py --layers {args.layers} --width {args.width} --vocab {args.vocab} "
-        f"--tokens {args.tokens} --batch {args.batch} --budget {args.budget} --repeats {args.repeats} "
+        f"--tokens {args.tokens} --batch {args.batch} --budget {args.budget} --cap-fraction {args.cap_fraction:g} "
+        f"--repeats {args.repeats} "
         f"--gradient-steps {args.gradient_steps}`: a Llama (`LlamaForCausalLM`, "
         f"{args.layers} layers, width {args.width}, MLP {2 * args.width}, 8 heads, vocabulary {args.vocab}, attention "
         f"dropout 0.1) built on the meta device, {args.batch} x {args.tokens} tokens per rank, per-block FSDP2 on "
         f"{WORLD} gloo ranks (CPU).",
         "",
         f"- Unsharded step, predicted from the meta profile (never run): {unsharded:,} B.",
-        f"- Planning process capped at {cap:,} B above its baseline (half the unsharded step): planned in "
+        f"- Planning process capped at {cap:,} B above its baseline ({args.cap_fraction:g} of the unsharded step): "
+        f"planned in "
         f"{planned['seconds']:.1f} s, its address space grew {planned['grown']:,} B. The unsharded step under the "
         f"same cap (a fresh process): {fails['unsharded_step']}.",
         f"- Plan: budget {args.budget} = {planned['budget']:,} B per rank (of the predicted un-checkpointed per-rank "
