@@ -17,12 +17,12 @@ from __future__ import annotations
 import torch
 import torch.utils._pytree as pytree
 
+from .sharding import FSDP2
+
 
 def unplannable_reason(model: torch.nn.Module, example_inputs=None, distributed=None) -> str | None:
     """Why ``model`` (with ``example_inputs``, planned with ``distributed``) cannot be planned as it
     is, and what to do; None when it can."""
-    from .sharding import FSDP2
-
     meta = [name for name, t in [*model.named_parameters(), *model.named_buffers()] if t.device.type == "meta"]
     if meta and not (distributed == "fsdp2" or isinstance(distributed, FSDP2)):
         shown = ", ".join(meta[:3]) + (f" and {len(meta) - 3} more" if len(meta) > 3 else "")
