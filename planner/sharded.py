@@ -71,9 +71,14 @@ def plan_sharded(model: torch.nn.Module, example_inputs, budget: Budget, loss_fn
             plan = plan_native(model, example_inputs, Budget(bytes=target), loss_fn=loss_fn, time_limit=time_limit,
                                profile=profile, measure=False, distributed=spec, policies=policies)
         except Infeasible as error:
-            if error.min_budget is None or least is not None:
-                raise _below_least(budget, budget_bytes, least) from None
-            target, least = error.min_budget, 0  # the bound's least plan: priced exactly below
+            if least is not None:  # the least plan by the bound was tried already
+                raise _below_least(budget, budget_bytes, None) from None
+            if error.min_budget is not None:  # the bound's least plan: priced exactly below
+                target, least = error.min_budget, 0
+            elif target > budget_bytes:  # no least named: the user's budget by the bound, whose plans fit exactly
+                target = budget_bytes
+            else:
+                raise _below_least(budget, budget_bytes, None) from None
             continue
         exact = fsdp2_peak_bytes(plan.graph, plan.schedule, model, spec, held + _rng_bytes(plan.regions))
         if exact <= budget_bytes:
