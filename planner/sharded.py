@@ -36,6 +36,7 @@ from .sharding import resolve_fsdp2, wrapper_bytes
 
 
 REPAIRS = 3  # re-solves after the exact per-rank peak came out over the budget
+LEAST_SLACK = 1000  # the bound's least plan is searched for at its least plus this fraction of it
 
 
 def plan_sharded(model: torch.nn.Module, example_inputs, budget: Budget, loss_fn=None, time_limit: float | None = None,
@@ -74,7 +75,8 @@ def plan_sharded(model: torch.nn.Module, example_inputs, budget: Budget, loss_fn
             if least is not None:  # the least plan by the bound was tried already
                 raise _below_least(budget, budget_bytes, None) from None
             if error.min_budget is not None:  # the bound's least plan: priced exactly below
-                target, least = error.min_budget, 0
+                # A hair above: at exactly its own least the search refused a 16-layer Llama again.
+                target, least = error.min_budget + error.min_budget // LEAST_SLACK, 0
             elif target > budget_bytes:  # no least named: the user's budget by the bound, whose plans fit exactly
                 target = budget_bytes
             else:
