@@ -1,8 +1,10 @@
 """Per-rank peaks of native plans under FSDP2 on 2 gloo ranks (docs/native.md, "Several processes").
 
 Predicted: the unsharded step with the regions checkpointed, measured in one process, plus
-``planner.native.fsdp2_bytes`` (what ``plan(..., distributed="fsdp2")`` counts). Measured: each
-rank's peak over a training step, as tests/ranks.py measures it (``rank_peak``). Cases:
+``planner.native.fsdp2_bytes`` (what ``plan(..., distributed="fsdp2")`` counts). Exact: the region
+schedule's simulation with FSDP2's buffers placed op by op (planner/fsdp2_timeline.py, what a model
+on the meta device is planned by), for the test model's rows. Measured: each rank's peak over a
+training step, as tests/ranks.py measures it (``rank_peak``). Cases:
 
 - the model of tests/test_distributed_native.py (six residual blocks and a root Linear, 128 rows of
   width 32 per rank), per-block ``fully_shard`` with regions set by hand, and ``fully_shard`` on the
@@ -44,7 +46,28 @@ def _unsharded_peaks(rank: int) -> list[int]:
     return [measure_native(case._model(), regions, (batch,), case._loss).peak_bytes for _, regions in HAND_SET]
 
 
-def _test_model_rows(rank: int, unsharded_peaks: list[int]) -> list[dict]:
+def _exact_peaks(rank: int) -> list[int]:
+    """The test model's per-rank peak for each HAND_SET row by planner/fsdp2_timeline.py, from its
+    profile (before any FSDP2 step, as _unsharded_peaks says)."""
+    import test_distributed_native as case
+
+    from planner.fsdp2_timeline import fsdp2_peak_bytes
+    from planner.native import FSDP2, native_profile
+    from profiler.state import rng_state_bytes
+    from solvers.regions import evaluate
+
+    graph = native_profile(case._model(), (case._local_batch(rank, 0),), case._loss).regroup("op").graph
+    held = int(graph.graph["fixed_bytes"]) + int(graph.graph.get("loss_value_bytes", 0))
+    peaks = []
+    for sharding, regions in HAND_SET:
+        spec = FSDP2(WORLD) if sharding == "per block" else FSDP2(WORLD, units=())
+        solved = evaluate(graph, regions)
+        states = (len(regions) + 1) * rng_state_bytes() if regions else 0
+        peaks.append(fsdp2_peak_bytes(solved.graph, solved.schedule, case._model(), spec, held + states))
+    return peaks
+
+
+def _test_model_rows(rank: int, unsharded_peaks: list[int], exact_peaks: list[int]) -> list[dict]:
     import test_distributed_native as case
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
@@ -55,7 +78,7 @@ def _test_model_rows(rank: int, unsharded_peaks: list[int]) -> list[dict]:
     mesh = init_device_mesh("cpu", (WORLD,))
     batch = case._local_batch(rank, 0)
     rows = []
-    for (sharding, regions), unsharded in zip(HAND_SET, unsharded_peaks, strict=True):
+    for (sharding, regions), unsharded, exact in zip(HAND_SET, unsharded_peaks, exact_peaks, strict=True):
         spec = FSDP2(WORLD) if sharding == "per block" else FSDP2(WORLD, units=())
 
         def build(regions=regions, sharding=sharding):
@@ -69,7 +92,8 @@ def _test_model_rows(rank: int, unsharded_peaks: list[int]) -> list[dict]:
         measured = batch.numel() * batch.element_size() + rank_peak(
             build, lambda module: case._loss(module(batch)).backward())
         rows.append({"case": f"test model, {sharding}, regions {', '.join(regions) or 'none'}",
-                     "predicted": unsharded + fsdp2_bytes(case._model(), spec, regions), "measured": measured})
+                     "predicted": unsharded + fsdp2_bytes(case._model(), spec, regions), "exact": exact,
+                     "measured": measured})
     return rows
 
 
@@ -134,20 +158,22 @@ def _gpt2_row(rank: int, folder: str) -> dict:
 
 
 def _work(rank: int, folder: str) -> dict:
-    unsharded = _unsharded_peaks(rank)
+    unsharded, exact = _unsharded_peaks(rank), _exact_peaks(rank)
     _plan_gpt2(rank, folder)
-    return {"rows": [*_test_model_rows(rank, unsharded), _gpt2_row(rank, folder)]}
+    return {"rows": [*_test_model_rows(rank, unsharded, exact), _gpt2_row(rank, folder)]}
 
 
 def main() -> None:
     ranks = run_ranks(_work, tempfile.mkdtemp(), world=WORLD)
-    print("| case | predicted per rank (B) | measured, rank 0 / rank 1 (B) | budget (B) | max grad difference |")
-    print("| --- | ---: | ---: | ---: | ---: |")
+    print("| case | predicted per rank (B) | exact per rank (B) | measured, rank 0 / rank 1 (B) | budget (B) "
+          "| max grad difference |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: |")
     for index, row in enumerate(ranks[0]["rows"]):
         measured = " / ".join(f"{r['rows'][index]['measured']:,}" for r in ranks)
         budget = f"{row['budget']:,}" if "budget" in row else ""
         difference = " / ".join(str(r["rows"][index]["difference"]) for r in ranks) if "difference" in row else ""
-        print(f"| {row['case']} | {row['predicted']:,} | {measured} | {budget} | {difference} |")
+        exact = f"{row['exact']:,}" if "exact" in row else ""
+        print(f"| {row['case']} | {row['predicted']:,} | {exact} | {measured} | {budget} | {difference} |")
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ from .least import refusal_below_floor
 from .native import distributed_problem, plan_native
 from .native_plan import NativePlan
 from .native_request import native_profile
+from .sharded import is_meta_model, plan_sharded
 from .attached import NoPlan, attach, plan_of
 from .autocast import planning_under
 from .optimizer import OptimizerSpecError, optimizer_problem
@@ -169,7 +170,7 @@ def plan(
                         distributed, compile, optimizer=optimizer, device_memory=device_memory)
     if distributed_problem(distributed):
         raise SolverError(distributed_problem(distributed) + " (docs/native.md, 'Several processes')")
-    _refuse_unplannable(model, example_inputs)
+    _refuse_unplannable(model, example_inputs, distributed)
     if optimizer_problem(optimizer):
         raise OptimizerSpecError(optimizer_problem(optimizer))
     if optimizer is not None:
@@ -369,10 +370,10 @@ def profile_for(model: torch.nn.Module, example_inputs, loss_fn: Callable | None
                           times_cache=times_cache)
 
 
-def _refuse_unplannable(model, example_inputs) -> None:
-    """A :class:`SolverError` before anything runs for a model on the meta device or already under
-    Hugging Face's gradient checkpointing (planner/unplannable.py)."""
-    reason = unplannable_reason(model, example_inputs) if isinstance(model, torch.nn.Module) else None
+def _refuse_unplannable(model, example_inputs, distributed=None) -> None:
+    """A :class:`SolverError` before anything runs for a model on the meta device (unless planned
+    for FSDP2) or already under Hugging Face's gradient checkpointing (planner/unplannable.py)."""
+    reason = unplannable_reason(model, example_inputs, distributed) if isinstance(model, torch.nn.Module) else None
     if reason:
         raise SolverError(reason)
 
@@ -413,6 +414,14 @@ def _check_optimizer_with(executor: str, compile: bool, distributed) -> None:
 
 def _plan_native(model, example_inputs, parsed, loss_fn, time_limit, granularity, profile, distributed,
                  optimizer=None, device_memory: int | None = None) -> Plan:
+    if is_meta_model(model):  # only fits sharded, planned without its weights (planner/sharded.py)
+        try:
+            return plan_sharded(model, example_inputs, parsed, loss_fn, time_limit, distributed,
+                                device_memory=device_memory)
+        except BudgetInfeasible:
+            raise
+        except Infeasible as error:
+            raise BudgetInfeasible(str(error), min_budget=error.min_budget, method=error.method) from None
     if is_eager(profile):  # recorded eagerly (a model the tracer cannot follow): planned as its first plan was
         return plan_untraceable(model, example_inputs, parsed, loss_fn=loss_fn, time_limit=time_limit,
                                 distributed=distributed, profile=profile, device_memory=device_memory,

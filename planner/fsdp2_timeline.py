@@ -1,0 +1,178 @@
+"""One rank's peak under per-block FSDP2, exactly: the unsharded step's simulated memory, op by op,
+with FSDP2's own buffers allocated and freed where FSDP2 (torch 2.13, CPU: no side streams)
+allocates and frees them (torch/distributed/fsdp/_fully_shard: FSDPParamGroup.unshard,
+wait_for_unshard, reshard, pre_backward, post_backward, foreach_all_gather, foreach_reduce).
+
+Per group (a unit's parameters, or the root's: those in no unit), in bytes, ``world`` ranks, every
+parameter's dim 0 padded to a multiple of ``world`` (planner/sharding.py ``shard_bytes``):
+``gathered`` its parameters unsharded (padded), ``shard`` this rank's ``gathered / world``,
+``whole`` its parameters as the unsharded step holds them, ``grads`` its trainable parameters'.
+
+- Held all step: every parameter's shard (instead of the whole parameter), and the root's group
+  gathered (the root does not reshard after forward).
+- Forward: the root all-gathers first (its flat all-gather output beside the copied-out
+  parameters). Each unit, before its first op, all-gathers into a flat output (the previous
+  group's flat output still held: FSDP2 keeps it to overlap the copy-out with the next
+  all-gather), frees the previous flat output, copies out into its unsharded parameters; after its
+  last op it reshards (its flat output stays until the next unit's copy-out, the last one's until
+  the root's post-forward, after the loss).
+- Backward: the root's pre-backward prefetches the last unit (its flat output held); each unit's
+  pre-backward copies out (flat output and parameters at once), frees the flat output and prefetches
+  the unit before; its post-backward reshards, frees the previous unit's reduce-scatter input (one
+  held at most: ``reduce_scatter_max_input_buffers=1``), allocates its own (``gathered`` bytes)
+  while the whole gradients are still live, frees them and keeps the reduced shard (``shard``
+  bytes). The root's group does the same after the last op (the final callback).
+
+The unsharded step's figures are the region schedule's simulation (solvers/simulate.py): what it
+holds, op by op, including every parameter gradient once computed. Only a unit's whole gradients
+are replaced (by its shard) after its post-backward; the root's stay whole to the end.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import networkx as nx
+import torch
+
+from solvers import simulate
+from solvers.schedule import COMPUTE
+
+from .sharding import FSDP2, shard_bytes, repeated_blocks
+
+ROOT = ""  # the root's group: the parameters in no unit
+BACKWARD_KINDS = ("backward", "recompute")
+
+
+@dataclass(frozen=True)
+class ShardedGroup:
+    """One FSDP2 parameter group's sizes on one rank (bytes; the module docstring)."""
+
+    gathered: int
+    shard: int
+    whole: int
+    grads: int
+
+
+def sharded_groups(model: torch.nn.Module, spec: FSDP2) -> dict[str, ShardedGroup]:
+    """Unit path (``ROOT`` for the root's group) -> its :class:`ShardedGroup`, each parameter in the
+    innermost unit holding it (as ``fully_shard`` assigns them: inner units first)."""
+    units = repeated_blocks(model) if spec.units is None else tuple(spec.units)
+    modules = dict(model.named_modules())
+    owner: dict[int, str] = {}
+    for unit in sorted(units, key=lambda u: u.count(".")):  # outer first: inner units claim theirs after
+        for p in modules[unit].parameters():
+            owner[id(p)] = unit
+    sizes: dict[str, list[int]] = {unit: [0, 0, 0, 0] for unit in (*units, ROOT)}
+    for p in {id(p): p for p in model.parameters()}.values():
+        shard = shard_bytes(p, spec.world_size)
+        whole = p.numel() * p.element_size()
+        size = sizes[owner.get(id(p), ROOT)]
+        size[0] += spec.world_size * shard
+        size[1] += shard
+        size[2] += whole
+        size[3] += whole if p.requires_grad else 0
+    return {unit: ShardedGroup(*size) for unit, size in sizes.items()}
+
+
+def _unit_of(module: str, units: tuple[str, ...]) -> str:
+    """The innermost unit ``module`` (a traced op's module path) runs in; ``ROOT`` outside all."""
+    inside = [u for u in units if module == u or module.startswith(u + ".")]
+    return max(inside, key=len) if inside else ROOT
+
+
+@dataclass
+class _Ranks:
+    """FSDP2's buffers held at one moment (bytes)."""
+
+    unsharded: dict[str, int]
+    flat: int = 0  # an all-gather's flat output kept (forward) or prefetched (backward)
+    reduce_input: int = 0  # the last reduce-scatter's input
+    grads_replaced: int = 0  # reduced shards kept less the whole gradients they replaced
+
+    def extra(self) -> int:
+        return sum(self.unsharded.values()) + self.flat + self.reduce_input + self.grads_replaced
+
+
+def fsdp2_peak_bytes(graph: nx.DiGraph, schedule, model: torch.nn.Module, spec: FSDP2, held_bytes: int) -> int:
+    """One rank's peak (bytes) when the step ``schedule`` runs on ``graph`` (a region plan's) under
+    per-block FSDP2 ``spec``; ``held_bytes``: what the unsharded step holds besides its schedule
+    (parameters whole, buffers, inputs, saved generator states). See the module docstring."""
+    groups = sharded_groups(model, spec)
+    units = tuple(u for u in groups if u != ROOT)
+    steps = list(schedule)
+    memory = simulate(graph, steps, record_memory=True).memory
+    nodes = graph.nodes
+    fwd: dict[str, list[int]] = {}
+    bwd: dict[str, list[int]] = {}
+    backward_start = None
+    for index, (action, node) in enumerate(steps):
+        if action != COMPUTE:
+            continue
+        kind = nodes[node].get("kind")
+        unit = _unit_of(str(nodes[node].get("module", "")), units)
+        if kind in BACKWARD_KINDS and backward_start is None:
+            backward_start = index
+        if unit == ROOT:
+            continue
+        (bwd if kind in BACKWARD_KINDS else fwd).setdefault(unit, []).append(index)
+    forward_order = sorted(fwd, key=lambda u: fwd[u][0])
+    backward_order = sorted(bwd, key=lambda u: bwd[u][0])
+    starts = {fwd[u][0]: u for u in forward_order}
+    ends = {fwd[u][-1]: u for u in forward_order}
+    backward_starts = {bwd[u][0]: u for u in backward_order}
+    backward_ends = {bwd[u][-1]: u for u in backward_order}
+    root = groups[ROOT]
+    fixed = held_bytes - sum(g.whole for g in groups.values()) + sum(g.shard for g in groups.values())
+
+    def level_after(index: int) -> int:
+        if index < 0:
+            return 0
+        action, node = steps[index]
+        return memory[index] - (int(nodes[node].get("workspace", 0)) if action == COMPUTE else 0)
+
+    state = _Ranks({ROOT: root.gathered})
+    peak = fixed + 2 * root.gathered  # the root's all-gather: its flat output beside its parameters
+    state.flat = root.gathered
+    for index, (action, _) in enumerate(steps):
+        before = fixed + level_after(index - 1)
+        if index == backward_start:  # the root's post-forward freed the last flat output; its pre-backward prefetches
+            state.flat = groups[backward_order[0]].gathered if backward_order else 0
+        if index in starts:  # a unit's pre-forward: all-gather beside the kept flat output, then copy out
+            unit = groups[starts[index]]
+            peak = max(peak, before + state.extra() + unit.gathered)
+            state.flat = unit.gathered
+            state.unsharded[starts[index]] = unit.gathered
+            peak = max(peak, before + state.extra())
+        if index in backward_starts:  # a unit's pre-backward: copy out beside the prefetched flat output
+            name = backward_starts[index]
+            unit = groups[name]
+            if state.flat == 0:  # not prefetched: all-gathered now
+                state.flat = unit.gathered
+            state.unsharded[name] = unit.gathered
+            peak = max(peak, before + state.extra())
+            position = backward_order.index(name)
+            state.flat = groups[backward_order[position + 1]].gathered if position + 1 < len(backward_order) else 0
+        if action == COMPUTE:
+            peak = max(peak, fixed + memory[index] + state.extra())
+        after = fixed + level_after(index)
+        if index in ends:  # a unit's post-forward reshards
+            state.unsharded[ends[index]] = 0
+        if index in backward_ends:
+            peak = max(peak, _post_backward(state, backward_ends[index], groups[backward_ends[index]], after))
+    last = fixed + level_after(len(steps) - 1)
+    return max(peak, _post_backward(state, ROOT, root, last))
+
+
+def _post_backward(state: _Ranks, name: str, group: ShardedGroup, level: int) -> int:
+    """A group's post-backward on ``state`` (changed), at ``level`` bytes held by the step: reshard,
+    free the previous reduce-scatter input, allocate this one beside the whole gradients, free them,
+    keep the reduced shard. Returns the most held meanwhile."""
+    state.unsharded[name] = 0
+    state.reduce_input = group.gathered
+    most = level + state.extra()
+    state.grads_replaced += group.shard - group.grads
+    return max(most, level + state.extra())
+
+
+__all__ = ["ShardedGroup", "fsdp2_peak_bytes", "sharded_groups"]
