@@ -26,8 +26,10 @@ from .budget import BudgetError, format_bytes, parse_budget
 # summation order differs.
 SECONDS_TOLERANCE = 1e-6
 # A traced plan's un-checkpointed time against its graph's total, when the plan is on a finer
-# grouping than the one that time was summed on (traced_figures_problem).
-GROUPING_SLACK = 0.05
+# grouping than the one that time was summed on (traced_figures_problem): a view op is copied into
+# every group that reads it, and more groups read it on a finer grouping (GPT-2 tiny's op grouping
+# summed 5-7% above its module grouping, which failed a 5% slack now and then).
+GROUPING_SLACK = 0.10
 # A native plan's prediction may sit this far above its budget when its measurement decided
 # (planner/native_repair.py, NEAR_MISS; the "100%" plan of a measured eager step): beyond it, edited.
 NEAR_MISS = 0.02
