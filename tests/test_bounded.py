@@ -24,7 +24,7 @@ MIB = 2**20
 
 
 # -- the bounded profile against the full one -------------------------------------------------------
-ROUNDS = 3  # profiles of each kind, alternated; each op keeps its least time over them
+ROUNDS = 2  # profiles of each kind, alternated; each op keeps its least time over them (more while they differ)
 MAX_ROUNDS = 8
 
 
