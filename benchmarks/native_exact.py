@@ -80,16 +80,25 @@ def builder(name: str):
 
 
 def _timed(call):
-    """(result or None when infeasible, CPU seconds)."""
+    """(result, or the reason there is none: ``"infeasible"`` or ``"time limit"``; CPU seconds)."""
     started = time.process_time()
     try:
         return call(), time.process_time() - started
-    except (Infeasible, SolverTimeout):
-        return None, time.process_time() - started
+    except (Infeasible, SolverTimeout) as error:
+        # The solvers' limits are wall-clock seconds: on a loaded machine a search can stop with no plan
+        # found and none proven impossible ("... in the time limit ..."), which is not infeasibility.
+        timed_out = isinstance(error, SolverTimeout) or "time limit" in str(error)
+        return ("time limit" if timed_out else "infeasible"), time.process_time() - started
 
 
-def _step(seconds: float | None, unplanned: float) -> str:
-    return "infeasible" if seconds is None else f"{seconds / unplanned - 1:+.1%}"
+def _step(seconds, unplanned: float) -> str:
+    """A predicted step over the unplanned one, or the reason there is none."""
+    return seconds if isinstance(seconds, str) else f"{seconds / unplanned - 1:+.1%}"
+
+
+def _cost(plan):
+    """A plan's predicted step seconds, or the reason there is none."""
+    return plan if isinstance(plan, str) else plan.outcome.compute_cost
 
 
 def _status(info) -> str:
@@ -101,8 +110,8 @@ def _unrestricted(graph, budget: int, unplanned: float, time_limit: float, max_n
     if graph.number_of_nodes() > max_nodes:
         return f"not run ({graph.number_of_nodes()} nodes)", "", ""
     schedule, seconds = _timed(lambda: solve(graph, budget, method="orderfree", time_limit=time_limit))
-    if schedule is None:
-        return "infeasible", "", f"{seconds:.1f}"
+    if isinstance(schedule, str):
+        return schedule, "", f"{seconds:.1f}"
     bound = schedule.info.lower_bound
     bound_text = "" if bound is None else f"{bound / unplanned - 1:+.1%}"
     return f"{_step(schedule.info.compute_cost, unplanned)} ({_status(schedule.info)})", bound_text, f"{seconds:.1f}"
@@ -132,23 +141,22 @@ def run(name: str, fractions, time_limit: float, orderfree_time_limit: float, ma
                                                                            time_limit=time_limit))
         unrestricted = _unrestricted(graph, budget, unplanned, orderfree_time_limit, max_nodes)
         found.append((fraction, heuristic, heuristic_seconds, exact, exact_seconds, unrestricted))
-        print(name, f"{fraction:.0%}", _step(exact and exact.outcome.compute_cost, unplanned), unrestricted,
+        print(name, f"{fraction:.0%}", _step(_cost(exact), unplanned), unrestricted,
               f"load {os.getloadavg()[0]:.1f}", flush=True)
-    measured = _measure(model, inputs, loss_fn, [row[3] for row in found], rounds)
+    measured = _measure(model, inputs, loss_fn, [row[3] for row in found if not isinstance(row[3], str)], rounds)
     rows = []
     for fraction, heuristic, heuristic_seconds, exact, exact_seconds, unrestricted in found:
-        status = "infeasible" if exact is None else _status(exact.schedule.info)
-        regions = None if exact is None else tuple(exact.regions)
-        rows.append((name, f"{fraction:.0%}", choices,
-                     _step(heuristic and heuristic.outcome.compute_cost, unplanned), f"{heuristic_seconds:.1f}",
-                     _step(exact and exact.outcome.compute_cost, unplanned), f"{exact_seconds:.1f}", status,
+        status = exact if isinstance(exact, str) else _status(exact.schedule.info)
+        regions = None if isinstance(exact, str) else tuple(exact.regions)
+        rows.append((name, f"{fraction:.0%}", choices, _step(_cost(heuristic), unplanned), f"{heuristic_seconds:.1f}",
+                     _step(_cost(exact), unplanned), f"{exact_seconds:.1f}", status,
                      *unrestricted, measured.get(regions, "")))
     return rows
 
 
 def _measure(model, inputs, loss_fn, plans, rounds: int) -> dict:
     """Plan regions -> measured overhead text, the plans stepped in turn with eager."""
-    configurations = list(dict.fromkeys(tuple(p.regions) for p in plans if p is not None and p.regions))
+    configurations = list(dict.fromkeys(tuple(p.regions) for p in plans if p.regions))
     if rounds <= 0 or not configurations:
         return {}
     try:
