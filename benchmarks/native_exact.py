@@ -141,8 +141,9 @@ def run(name: str, fractions, time_limit: float, orderfree_time_limit: float, ma
                                                                            time_limit=time_limit))
         unrestricted = _unrestricted(graph, budget, unplanned, orderfree_time_limit, max_nodes)
         found.append((fraction, heuristic, heuristic_seconds, exact, exact_seconds, unrestricted))
-        print(name, f"{fraction:.0%}", _step(_cost(exact), unplanned), unrestricted,
-              f"load {os.getloadavg()[0]:.1f}", flush=True)
+        print(name, f"{fraction:.0%}", "exact", _step(_cost(exact), unplanned),
+              exact if isinstance(exact, str) else _status(exact.schedule.info), f"{exact_seconds:.1f} CPU s;",
+              "orderfree", unrestricted, f"load {os.getloadavg()[0]:.1f}", flush=True)
     measured = _measure(model, inputs, loss_fn, [row[3] for row in found if not isinstance(row[3], str)], rounds)
     rows = []
     for fraction, heuristic, heuristic_seconds, exact, exact_seconds, unrestricted in found:
