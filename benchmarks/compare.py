@@ -16,7 +16,8 @@ Peaks are measured by profiler.measure_step (the CPU allocator's events replayed
 max_memory_allocated on CUDA), step times are medians of --rounds timed steps after a warm-up, with
 all methods interleaved round by round because these machines drift; ratios are to no
 checkpointing in the same run, as the ratio of the medians and paired (the median over rounds of
-the ratio within each round). Writes a Markdown table and a PNG per model and the raw results as
+the ratio within each round); `--cpu-time` times them by this process's CPU time on one torch
+thread (on a machine shared with other jobs, their load adds to the wall clock, not to this). Writes a Markdown table and a PNG per model and the raw results as
 JSON; `--redraw` rewrites the tables and plots from that JSON without measuring.
 """
 
