@@ -221,17 +221,16 @@ def measure_checkpoint_costs(device: torch.device | str = "cpu",
 # The synthetic region prices the checkpoint's machinery per op of a tiny chain. A model's ops carry
 # more: a transformer block's eager forward dispatches about twice the ops of its traced graph
 # (views, detaches), each through the policy's dispatch mode with more arguments to walk, and its
-# Python forward runs again.
-# Measured on the benchmark GPT-2's block (one CPU thread): the synthetic
+# Python forward runs again. Measured on the benchmark GPT-2's block (one CPU thread): the synthetic
 # rates explain a fifth of what "@matmuls" costs beyond its ops. So the rates are fitted to one of
 # the model's own regions, the synthetic figures kept as their floor and for the per-call part.
 #
 # What a variant adds beyond its ops is a few percent of the region's step (nanoGPT's block: 1-7 ms
 # of a 70 ms step), so the fit is a small difference of large times. Fitted from each variant's least
 # over 4 rounds, four calibrations of nanoGPT's block in a row (load 4-6) gave 44-87 us per op
-# recomputed and 32-75 us per op per pass under `projections`: every plan of a model moved with its
-# calibration (benchmarks/clock.py's misses beyond 3 points came in pairs of one model's plans, all
-# over or all under). So each round is fitted on its own (the variant's time less the plain step and
+# recomputed and 32-75 us per op per pass under `projections`, and every plan of a model moves with
+# its calibration (docs/benchmarks/clock.md: four of 2026-11-27's five misses beyond 3 points had
+# their model's other plans off on the same side). So each round is fitted on its own (the variant's time less the plain step and
 # the forward of the same round: paired, a load that shifts a round shifts all its variants) and the
 # median over the rounds is taken; and the four policies, which differ only in the policy function
 # the same dispatch mode calls, are fitted together as one factor on their synthetic rates.
@@ -352,8 +351,7 @@ def measure_region_steps(module: torch.nn.Module, args: tuple, kwargs: dict,
             p.grad = grad
         for t in tensors:
             t.grad = None
-    complete = min(len(seconds) for seconds in timed.values())  # a round cut short by an error counts for none
-    return {variant: seconds[:complete] for variant, seconds in timed.items()}
+    return timed
 
 
 def fit_to_region(synthetic: CheckpointCosts, steps: Mapping[str, Sequence[float]], shapes: Mapping[str, RegionShape],
