@@ -24,7 +24,6 @@ import datetime
 import os
 import statistics
 import sys
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -37,12 +36,11 @@ from planner import checkpoint_clock  # noqa: E402
 from planner.budget import parse_budget  # noqa: E402
 from planner.files import write_atomic  # noqa: E402
 from planner.native import plan_native  # noqa: E402
-from profiler.inputs import normalise_inputs  # noqa: E402
-from runtime.native import apply_native, remove_native  # noqa: E402
 from solvers import Infeasible  # noqa: E402
 from solvers.regions import evaluate  # noqa: E402
 
 import models  # noqa: E402  (benchmarks/models.py)
+from paired_steps import measured_overheads, quartiles  # noqa: E402
 import nanogpt  # noqa: E402  (benchmarks/nanogpt.py)
 
 
@@ -66,35 +64,6 @@ def short(region: str) -> str:
         if region.startswith(prefix):
             region = replacement + region[len(prefix):]
     return region.replace("@projections", "@P").replace("@matmuls", "@M").replace("+draws", "+d")
-
-
-def cpu_step(model, args, kwargs, loss_fn) -> float:
-    """CPU seconds of one training step (gradients dropped first)."""
-    for parameter in model.parameters():
-        parameter.grad = None
-    started = time.process_time()
-    loss_fn(model(*args, **kwargs)).backward()
-    return time.process_time() - started
-
-
-def measured_overheads(model, inputs, loss_fn, configurations: list[tuple[str, ...]], rounds: int) -> dict:
-    """Each configuration's step over eager's, per round (eager and the configurations stepped in
-    turn in every round, after one untimed round): configuration -> list of ratios."""
-    args, kwargs = normalise_inputs(inputs)
-    ratios: dict[tuple[str, ...], list[float]] = {c: [] for c in configurations}
-    for round_number in range(rounds + 1):
-        eager = cpu_step(model, args, kwargs, loss_fn)
-        for regions in configurations:
-            apply_native(model, regions)
-            try:
-                seconds = cpu_step(model, args, kwargs, loss_fn)
-            finally:
-                remove_native(model)
-            if round_number:
-                ratios[regions].append(seconds / eager)
-    for parameter in model.parameters():
-        parameter.grad = None
-    return ratios
 
 
 def run_case(name: str, build, make_inputs, loss_fn, budgets, rounds: int) -> tuple[list[dict], dict]:
@@ -125,13 +94,6 @@ def run_case(name: str, build, make_inputs, loss_fn, budgets, rounds: int) -> tu
     return rows, dict(graph.graph.get(checkpoint_clock.KEY, {}))
 
 
-def _quartiles(values: list[float]) -> tuple[float, float]:
-    if len(values) < 2:
-        return values[0], values[0]
-    q = statistics.quantiles(values, n=4)
-    return q[0], q[2]
-
-
 def table(rows: list[dict]) -> list[str]:
     lines = ["| model | budget | planned with | regions | predicted overhead | measured overhead (quartiles) "
              "| predicted - measured | priced by the clock | clock - measured |",
@@ -143,13 +105,26 @@ def table(rows: list[dict]) -> list[str]:
             lines.append(f"{head} | refused: {str(made).splitlines()[0][:80]} | | | | | |")
             continue
         measured = statistics.median(row["ratios"]) - 1
-        low, high = _quartiles(row["ratios"])
+        low, high = quartiles(row["ratios"])
         predicted = made.predicted_overhead
         regions = ", ".join(short(r) for r in made.regions) or "none"
         lines.append(
             f"{head} | {regions} | {predicted:+.1%} | {measured:+.1%} ({low - 1:+.1%} to {high - 1:+.1%}) | "
             f"{(predicted - measured) * 100:+.1f} | {row['priced']:+.1%} | {(row['priced'] - measured) * 100:+.1f} |")
     return lines
+
+
+def summary(rows: list[dict]) -> str:
+    """How far each clock's plans' predictions are from their measured overheads, in points."""
+    parts = []
+    for clock, label in ((True, "With the clock"), (False, "Ops only")):
+        misses = [abs(statistics.median(r["ratios"]) - 1 - r["plan"].predicted_overhead) * 100 for r in rows
+                  if r["clock"] == clock and "ratios" in r]
+        if misses:
+            within = sum(1 for m in misses if m <= 3)
+            parts.append(f"{label}: {min(misses):.1f} to {max(misses):.1f} points from the measured overhead, mean "
+                         f"{statistics.mean(misses):.1f}, {within} of {len(misses)} plans within 3.")
+    return " ".join(parts)
 
 
 def calibration_lines(calibrations: dict) -> list[str]:
@@ -180,7 +155,7 @@ def main() -> None:
         case_rows, calibrations[name] = run_case(name, *cases[name], args.budgets, args.rounds)
         rows += case_rows
         print("\n".join(table(case_rows)[2:]), flush=True)
-    lines = table(rows)
+    lines = [*table(rows), "", summary(rows)]
     print("\n".join(lines))
     ended_load = os.getloadavg()
     header = [

@@ -16,7 +16,8 @@ Peaks are measured by profiler.measure_step (the CPU allocator's events replayed
 max_memory_allocated on CUDA), step times are medians of --rounds timed steps after a warm-up, with
 all methods interleaved round by round because these machines drift; ratios are to no
 checkpointing in the same run, as the ratio of the medians and paired (the median over rounds of
-the ratio within each round). Writes a Markdown table and a PNG per model and the raw results as
+the ratio within each round); `--cpu-time` times them by this process's CPU time on one torch
+thread (on a machine shared with other jobs, their load adds to the wall clock, not to this). Writes a Markdown table and a PNG per model and the raw results as
 JSON; `--redraw` rewrites the tables and plots from that JSON without measuring.
 """
 
@@ -79,13 +80,15 @@ def training_step(module, inputs, loss_fn):
     loss_fn(output).backward()
 
 
-def timed_step(module, inputs, loss_fn) -> float:
+def timed_step(module, inputs, loss_fn, clock=time.perf_counter) -> float:
+    """Seconds of one training step by ``clock`` (the wall clock, or ``time.process_time``: this
+    process's CPU time, which other processes' load does not add to)."""
     sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
     sync()
-    start = time.perf_counter()
+    start = clock()
     training_step(module, inputs, loss_fn)
     sync()
-    return time.perf_counter() - start
+    return clock() - start
 
 
 def _fresh(bench: Benchmark, base: torch.nn.Module) -> torch.nn.Module:
@@ -211,7 +214,7 @@ def _compiled_native_rows(bench: Benchmark, base, inputs, rows: dict, modules: d
 
 def run_model(name: str, rounds: int, fractions: list[float], solvers: list[str], time_limit: float,
               with_compile: bool, with_compiled_plans: bool = True, with_native: bool = True,
-              with_traced: bool = True, with_compiled_native: bool = True) -> dict:
+              with_traced: bool = True, with_compiled_native: bool = True, cpu_time: bool = False) -> dict:
     bench = BENCHMARKS[name]
     torch.manual_seed(0)
     base = bench.build()
@@ -290,7 +293,7 @@ def run_model(name: str, rounds: int, fractions: list[float], solvers: list[str]
     # Step times: every method once per round, interleaved; the first round warms up.
     for round_index in range(rounds + 1):
         for key, module in modules.items():
-            seconds = timed_step(module, inputs, bench.loss_fn)
+            seconds = timed_step(module, inputs, bench.loss_fn, time.process_time if cpu_time else time.perf_counter)
             if round_index:
                 rows[key].times.append(seconds)
     for row in rows.values():
@@ -305,6 +308,7 @@ def run_model(name: str, rounds: int, fractions: list[float], solvers: list[str]
         "rounds": rounds,
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
+        "clock": "CPU time" if cpu_time else "wall clock",
         "rows": [asdict(r) for r in rows.values()],
     }
 
@@ -331,7 +335,8 @@ def markdown(result: dict) -> str:
         "",
         f"{result['parameters'] / 1e6:.1f}M parameters; profiled cost graph of {result['nodes']} nodes ({result['granularity']}; plans may schedule a finer grouping, column graph), "
         f"profiled in {result['profile_seconds']:.0f} s; step times are medians of {result['rounds']} interleaved "
-        f"rounds on {result['threads']} threads, torch {result['torch']}; paired: the median over rounds of "
+        f"rounds on {result['threads']} threads ({result.get('clock', 'wall clock')}), torch {result['torch']}; "
+        "paired: the median over rounds of "
         "the step's time over no checkpointing's in the same round.",
         "",
         "| method | budget | predicted peak (MiB) | measured peak (MiB) | peak vs none | predicted step (s) "
@@ -485,6 +490,9 @@ def main(argv=None) -> int:
                         help="skip the traced plans (the --solvers sweep and ours@...)")
     parser.add_argument("--no-compiled-native", action="store_true",
                         help="skip the native plans priced on the compiled step (compiled-native@...)")
+    parser.add_argument("--cpu-time", action="store_true",
+                        help="time steps by this process's CPU time on one torch thread (a machine shared with other "
+                             "jobs: their load adds to the wall clock, not to this)")
     parser.add_argument("--out", default=os.path.join(os.path.dirname(HERE), "docs", "benchmarks"))
     parser.add_argument("--summary", action="store_true",
                         help="measure nothing: print each model's baselines against our plans at their peaks, "
@@ -501,6 +509,8 @@ def main(argv=None) -> int:
                          "with the same --out)")
     os.makedirs(args.out, exist_ok=True)
     fractions = [float(f) for f in args.budgets.split(",")]
+    if args.cpu_time:
+        torch.set_num_threads(1)
     for name in args.models.split(","):
         if args.summary:
             with open(os.path.join(args.out, f"{name}.json")) as file:
@@ -512,7 +522,7 @@ def main(argv=None) -> int:
         else:
             result = run_model(name, args.rounds, fractions, args.solvers.split(","), args.time_limit,
                                not args.no_compile, not args.no_compiled_plans, not args.no_native,
-                               not args.no_traced, not args.no_compiled_native)
+                               not args.no_traced, not args.no_compiled_native, args.cpu_time)
         table = markdown(result)
         print(table, flush=True)
         write_atomic(os.path.join(args.out, f"{name}.md"), table)

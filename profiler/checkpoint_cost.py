@@ -26,8 +26,9 @@ calibration is a few hundred tiny steps (~0.2 s on one CPU thread).
 from __future__ import annotations
 
 import contextlib
+import statistics
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -223,8 +224,18 @@ def measure_checkpoint_costs(device: torch.device | str = "cpu",
 # Python forward runs again. Measured on the benchmark GPT-2's block (one CPU thread): the synthetic
 # rates explain a fifth of what "@matmuls" costs beyond its ops. So the rates are fitted to one of
 # the model's own regions, the synthetic figures kept as their floor and for the per-call part.
+#
+# What a variant adds beyond its ops is a few percent of the region's step (nanoGPT's block: 1-7 ms
+# of a 70 ms step), so the fit is a small difference of large times. Fitted from each variant's least
+# over 4 rounds, four calibrations of nanoGPT's block in a row (load 4-6) gave 44-87 us per op
+# recomputed and 32-75 us per op per pass under `projections`, and every plan of a model moves with
+# its calibration (docs/benchmarks/clock.md: four of 2026-11-27's five misses beyond 3 points had
+# their model's other plans off on the same side). So each round is fitted on its own (the variant's time less the plain step and
+# the forward of the same round: paired, a load that shifts a round shifts all its variants) and the
+# median over the rounds is taken; and the four policies, which differ only in the policy function
+# the same dispatch mode calls, are fitted together as one factor on their synthetic rates.
 
-REGION_ROUNDS = 4
+REGION_ROUNDS = 8
 REGION_SECONDS = 5.0  # no round is started after this many seconds of the wall clock (one at least)
 
 
@@ -285,8 +296,9 @@ def _backward_of_outputs(output) -> None:
 
 def measure_region_steps(module: torch.nn.Module, args: tuple, kwargs: dict,
                          policy_contexts: Mapping[str, Callable[[], Callable]] | None = None,
-                         rounds: int = REGION_ROUNDS, time_limit: float = REGION_SECONDS) -> dict[str, float]:
-    """Least seconds of one forward and backward of ``module`` on ``(args, kwargs)``: ``"plain"``,
+                         rounds: int = REGION_ROUNDS, time_limit: float = REGION_SECONDS) -> dict[str, list[float]]:
+    """Seconds of one forward and backward of ``module`` on ``(args, kwargs)``, one per timed round
+    (every variant has as many, round ``i`` at index ``i``): ``"plain"``,
     ``"forward"`` (the forward alone, recording autograd, as a recomputation runs it), ``"checkpoint"`` (non-reentrant, generator states preserved) and ``"policy:<name>"`` under each
     of ``policy_contexts`` (as :func:`measure_checkpoint_costs`). Every variant stepped in turn in
     each round, after one untimed round, on one CPU thread (:func:`one_cpu_thread`); no round
@@ -319,7 +331,7 @@ def measure_region_steps(module: torch.nn.Module, args: tuple, kwargs: dict,
 
     variants = ["plain", "forward", "checkpoint", *(f"policy:{name}" for name in policy_contexts)]
     grads = [(p, p.grad) for p in module.parameters()]
-    least: dict[str, float] = {}
+    timed: dict[str, list[float]] = {variant: [] for variant in variants}
     started = time.perf_counter()
     device = torch.device("cuda" if devices else "cpu")
     try:
@@ -333,45 +345,62 @@ def measure_region_steps(module: torch.nn.Module, args: tuple, kwargs: dict,
                     for p, _ in grads:
                         p.grad = None
                     if round_number:
-                        least[variant] = min(least.get(variant, seconds), seconds)
+                        timed[variant].append(seconds)
     finally:
         for p, grad in grads:
             p.grad = grad
         for t in tensors:
             t.grad = None
-    return least
+    return timed
 
 
-def fit_to_region(synthetic: CheckpointCosts, steps: Mapping[str, float], shapes: Mapping[str, RegionShape],
+def fit_to_region(synthetic: CheckpointCosts, steps: Mapping[str, Sequence[float]], shapes: Mapping[str, RegionShape],
                   source: str, rescale: bool = True) -> CheckpointCosts:
     """``synthetic`` with its per-op rates raised to what one region of the model measured
-    (``steps``: :func:`measure_region_steps`; ``shapes``: the cost model's counts of that region
-    under the same variants). What a variant's step adds over the plain one, less the recomputed
-    ops (the measured forward's share of them) and the per-call parts, is spread over its ops: the
-    plain checkpoint's over the ops it recomputes, a policy's (beyond the plain checkpoint's rate)
-    over the ops of its two passes. A rate the measurement puts below the synthetic one keeps the
-    synthetic one.
+    (``steps``: :func:`measure_region_steps`, seconds per round; ``shapes``: the cost model's counts
+    of that region under the same variants). What a variant's step adds over the plain one of the
+    same round, less the recomputed ops (that round's forward's share of them) and the per-call
+    parts, is its residual; the median over the rounds is fitted. The plain checkpoint's residual is
+    spread over the ops it recomputes. The policies' residuals (beyond the plain checkpoint's rate)
+    are fitted together, as one factor on the synthetic per-op rates over the ops of their two passes
+    (the forward and the recomputation): the policies share their dispatch mode and differ by their
+    policy function, whose relative cost the synthetic chain measures without the model's noise. A
+    rate the measurement puts below the synthetic one keeps the synthetic one.
 
     Last, every figure is put on the profile's scale: times the profile's seconds of the region's
-    forward over its measured forward. The profile times each op by the wall clock, which another
-    process's load stretches (a 6-layer GPT-2 profiled at load 12 on 2 cores summed to 906 ms, its
-    eager step took 311 ms of CPU), and its plans are chosen, and their overhead predicted, by
-    ratios to those op costs: a checkpoint's cost must be in the same seconds. ``rescale=False``
-    where the region was stepped with fewer threads than the profile's ops ran on (a CPU profile
-    with several threads): its forward is slower than the profile's, its Python overhead is not."""
+    forward over its measured forward (median). The profile times each op by the wall clock, which
+    another process's load stretches (a 6-layer GPT-2 profiled at load 12 on 2 cores summed to
+    906 ms, its eager step took 311 ms of CPU), and its plans are chosen, and their overhead
+    predicted, by ratios to those op costs: a checkpoint's cost must be in the same seconds.
+    ``rescale=False`` where the region was stepped with fewer threads than the profile's ops ran on
+    (a CPU profile with several threads): its forward is slower than the profile's, its Python
+    overhead is not."""
     plain = shapes["checkpoint"]
-    forward = steps["forward"]
-    residual = steps["checkpoint"] - steps["plain"] - forward * plain.recomputed_share - synthetic.region_seconds
-    op_rate = max(synthetic.recomputed_op_seconds, residual / max(plain.recomputed_ops, 1))
-    policy_rates = dict(synthetic.policy_op_seconds)
-    for name, floor in synthetic.policy_op_seconds.items():
-        variant = f"policy:{name}"
-        if variant not in steps or variant not in shapes:
-            continue
-        shape = shapes[variant]
-        residual = (steps[variant] - steps["plain"] - forward * shape.recomputed_share - synthetic.region_seconds
-                    - op_rate * shape.recomputed_ops - synthetic.policy_region_seconds.get(name, 0.0))
-        policy_rates[name] = max(floor, residual / max(shape.forward_ops + shape.pass_ops, 1))
+    rounds = range(len(steps["plain"]))
+
+    def residual(variant: str, shape: RegionShape, known: float) -> list[float]:
+        """Per round: what ``variant`` adds over the plain step beyond its recomputed ops and ``known``."""
+        return [steps[variant][i] - steps["plain"][i] - steps["forward"][i] * shape.recomputed_share - known
+                for i in rounds]
+
+    checkpoint_residual = statistics.median(residual("checkpoint", plain, synthetic.region_seconds))
+    op_rate = max(synthetic.recomputed_op_seconds, checkpoint_residual / max(plain.recomputed_ops, 1))
+    fitted = [name for name in synthetic.policy_op_seconds if f"policy:{name}" in steps and f"policy:{name}" in shapes]
+    factor = 1.0
+    if fitted:
+        per_round = [0.0 for _ in rounds]
+        synthetic_seconds = 0.0  # what the synthetic rates predict over the fitted policies' passes
+        for name in fitted:
+            shape = shapes[f"policy:{name}"]
+            known = (synthetic.region_seconds + op_rate * shape.recomputed_ops
+                     + synthetic.policy_region_seconds.get(name, 0.0))
+            per_round = [a + b for a, b in zip(per_round, residual(f"policy:{name}", shape, known))]
+            synthetic_seconds += synthetic.policy_op_seconds[name] * (shape.forward_ops + shape.pass_ops)
+        if synthetic_seconds > 0:
+            factor = max(1.0, statistics.median(per_round) / synthetic_seconds)
+    policy_rates = {name: seconds * (factor if name in fitted else 1.0)
+                    for name, seconds in synthetic.policy_op_seconds.items()}
+    forward = statistics.median(steps["forward"])
     scale = plain.forward_seconds / forward if rescale and plain.forward_seconds > 0 and forward > 0 else 1.0
     return CheckpointCosts(synthetic.device, synthetic.region_seconds * scale, op_rate * scale,
                            {name: seconds * scale for name, seconds in synthetic.policy_region_seconds.items()},

@@ -126,3 +126,38 @@ def test_the_planner_fits_the_clock_to_the_model_and_prices_its_plans():
                            policies=("matmuls",), clock=False, measure=False)
     assert checkpoint_clock.KEY not in graph.graph
     assert ops_only.predicted_seconds == pytest.approx(evaluate(graph, ops_only.regions).outcome.compute_cost)
+
+
+def test_the_fit_takes_each_rounds_residual_and_pools_the_policies():
+    """fit_to_region (profiler/checkpoint_cost.py): each round's residual against that round's plain
+    step and forward, the median over the rounds (one slow round moves nothing), the policies fitted
+    as one factor on their synthetic rates."""
+    from profiler.checkpoint_cost import CheckpointCosts, RegionShape, fit_to_region
+
+    us = 1e-6
+    synthetic = CheckpointCosts("cpu", region_seconds=100 * us, recomputed_op_seconds=5 * us,
+                                policy_region_seconds={"matmuls": 0.0, "matmuls+draws": 0.0},
+                                policy_op_seconds={"matmuls": 6 * us, "matmuls+draws": 8 * us})
+    plain = RegionShape(forward_ops=40, pass_ops=40, recomputed_ops=40, recomputed_share=1.0, forward_seconds=0.02)
+    policy = RegionShape(forward_ops=40, pass_ops=40, recomputed_ops=10, recomputed_share=0.25, forward_seconds=0.02)
+    shapes = {"checkpoint": plain, "policy:matmuls": policy, "policy:matmuls+draws": policy}
+    op_rate, factor = 50 * us, 4.0  # what the model's region "costs": 10x and 4x the synthetic rates
+    steps = {name: [] for name in ("plain", "forward", "checkpoint", "policy:matmuls", "policy:matmuls+draws")}
+    for load in (1.0, 1.3, 1.0, 1.0, 1.0, 1.1, 1.0):  # a load that stretches a whole round stretches all its variants
+        forward, step = 0.02 * load, 0.06 * load
+        steps["plain"].append(step)
+        steps["forward"].append(forward)
+        steps["checkpoint"].append(step + forward + (100 * us + op_rate * 40) * load)
+        for name, rate in (("matmuls", 6 * us), ("matmuls+draws", 8 * us)):
+            steps[f"policy:{name}"].append(step + forward * 0.25 + (100 * us + op_rate * 10 + factor * rate * 80) * load)
+    steps["checkpoint"][1] += 0.05  # one round's checkpoint preempted: the median ignores it
+    # One round's plain step 5 ms faster than the others (noise): each variant's least against the
+    # least plain step would read those 5 ms as the checkpoint's; paired within the round, one round.
+    steps["plain"][2] -= 0.005
+    costs = fit_to_region(synthetic, steps, shapes, source="block", rescale=False)
+    assert costs.recomputed_op_seconds == pytest.approx(op_rate, rel=0.02)
+    assert costs.policy_op_seconds["matmuls"] == pytest.approx(factor * 6 * us, rel=0.02)
+    assert costs.policy_op_seconds["matmuls+draws"] == pytest.approx(factor * 8 * us, rel=0.02)
+    # A measurement below the synthetic rates keeps them (the floor).
+    cheap = {**steps, "checkpoint": [p + f for p, f in zip(steps["plain"], steps["forward"])]}
+    assert fit_to_region(synthetic, cheap, shapes, source="block", rescale=False).recomputed_op_seconds == 5 * us
