@@ -87,11 +87,17 @@ class _Ranks:
 
     unsharded: dict[str, int]
     flat: int = 0  # an all-gather's flat output kept (forward) or prefetched (backward)
+    kept: int = 0  # a flat output kept by a unit's pre-forward while recomputed in another's backward
+    prefetched: str | None = None  # the unit whose flat output ``flat`` is, in backward
+
+    def prefetch(self, unit: str | None, groups: dict[str, ShardedGroup]) -> None:
+        """The backward prefetch of ``unit`` (None: nothing left to prefetch) into ``flat``."""
+        self.flat, self.prefetched = (groups[unit].gathered, unit) if unit is not None else (0, None)
     reduce_input: int = 0  # the last reduce-scatter's input
     grads_replaced: int = 0  # reduced shards kept less the whole gradients they replaced
 
     def extra(self) -> int:
-        return sum(self.unsharded.values()) + self.flat + self.reduce_input + self.grads_replaced
+        return sum(self.unsharded.values()) + self.flat + self.kept + self.reduce_input + self.grads_replaced
 
 
 def fsdp2_peak_bytes(graph: nx.DiGraph, schedule, model: torch.nn.Module, spec: FSDP2, held_bytes: int) -> int:
@@ -116,11 +122,18 @@ def fsdp2_peak_bytes(graph: nx.DiGraph, schedule, model: torch.nn.Module, spec: 
         if unit == ROOT:
             continue
         (bwd if kind in BACKWARD_KINDS else fwd).setdefault(unit, []).append(index)
+    nested = _nested_recomputes(bwd, {i for i, (action, node) in enumerate(steps)
+                                      if action == COMPUTE and nodes[node].get("kind") == "recompute"})
+    bwd = {u: [i for i in indices if i not in nested.get(u, ())] for u, indices in bwd.items()}
+    bwd = {u: indices for u, indices in bwd.items() if indices}
+    nested_starts = {indices[0]: u for u, indices in nested.items()}
+    nested_units = set(nested)
+    nested_ends = {indices[-1]: u for u, indices in nested.items()}
     forward_order = sorted(fwd, key=lambda u: fwd[u][0])
     backward_order = sorted(bwd, key=lambda u: bwd[u][0])
     starts = {fwd[u][0]: u for u in forward_order}
     ends = {fwd[u][-1]: u for u in forward_order}
-    backward_starts = {bwd[u][0]: u for u in backward_order}
+    backward_starts = {_pre_backward_index(bwd, nested, backward_order, u): u for u in backward_order}
     backward_ends = {bwd[u][-1]: u for u in backward_order}
     root = groups[ROOT]
     fixed = held_bytes - sum(g.whole for g in groups.values()) + sum(g.shard for g in groups.values())
@@ -137,7 +150,7 @@ def fsdp2_peak_bytes(graph: nx.DiGraph, schedule, model: torch.nn.Module, spec: 
     for index, (action, _) in enumerate(steps):
         before = fixed + level_after(index - 1)
         if index == backward_start:  # the root's post-forward freed the last flat output; its pre-backward prefetches
-            state.flat = groups[backward_order[0]].gathered if backward_order else 0
+            state.prefetch(backward_order[0] if backward_order else None, groups)
         if index in starts:  # a unit's pre-forward: all-gather beside the kept flat output, then copy out
             unit = groups[starts[index]]
             peak = max(peak, before + state.extra() + unit.gathered)
@@ -147,21 +160,66 @@ def fsdp2_peak_bytes(graph: nx.DiGraph, schedule, model: torch.nn.Module, spec: 
         if index in backward_starts:  # a unit's pre-backward: copy out beside the prefetched flat output
             name = backward_starts[index]
             unit = groups[name]
-            if state.flat == 0:  # not prefetched: all-gathered now
-                state.flat = unit.gathered
+            if name not in nested_units:  # else gathered by its recomputation already: nothing to do
+                if state.prefetched != name:  # not prefetched: all-gathered now
+                    state.flat = unit.gathered
+                state.unsharded[name] = unit.gathered
+                peak = max(peak, before + state.extra())
+            position = backward_order.index(name)
+            state.prefetch(backward_order[position + 1] if position + 1 < len(backward_order) else None, groups)
+        if index in nested_starts:  # recomputed in another unit's backward: its pre-forward gathers it
+            name = nested_starts[index]
+            unit = groups[name]
+            if state.prefetched != name:  # all-gathered now, beside the flat output kept before
+                peak = max(peak, before + state.extra() + unit.gathered)
+                kept = unit.gathered
+            else:
+                kept, state.flat, state.prefetched = state.flat, 0, None
+            # In forward state: the flat output kept before is freed at the copy-out, this one kept
+            # (FSDP2's all_gather_state) until its post-forward, which frees it (the unit is the
+            # pass's forward root then) but does not reshard (in backward): it stays gathered
+            # through its own backward, whose pre-backward only prefetches.
+            state.kept = kept
             state.unsharded[name] = unit.gathered
             peak = max(peak, before + state.extra())
-            position = backward_order.index(name)
-            state.flat = groups[backward_order[position + 1]].gathered if position + 1 < len(backward_order) else 0
         if action == COMPUTE:
             peak = max(peak, fixed + memory[index] + state.extra())
         after = fixed + level_after(index)
         if index in ends:  # a unit's post-forward reshards
             state.unsharded[ends[index]] = 0
+        if index in nested_ends:  # the recomputed unit's post-forward frees the flat output it kept
+            state.kept = 0
         if index in backward_ends:
             peak = max(peak, _post_backward(state, backward_ends[index], groups[backward_ends[index]], after))
     last = fixed + level_after(len(steps) - 1)
     return max(peak, _post_backward(state, ROOT, root, last))
+
+
+def _nested_recomputes(backward: dict[str, list[int]], recomputed: set[int]) -> dict[str, list[int]]:
+    """Unit -> the indices of its ops recomputed inside another unit's backward (a region spanning
+    several units: its checkpoint recomputes them all when the last unit's backward first unpacks).
+    ``backward``: each unit's backward and recompute indices. A unit's own pre-backward has fired
+    only once the unit after it (in forward order) has begun its own backward; before that, its
+    recomputation runs its forward hooks: FSDP2 gathers it, and reshards after."""
+    own = {u: [i for i in indices if i not in recomputed] for u, indices in backward.items()}
+    order = sorted((u for u in own if own[u]), key=lambda u: own[u][0])
+    nested = {}
+    for before, unit in zip(order, order[1:]):
+        inside = [i for i in backward[unit] if i in recomputed and i < own[before][0]]
+        if inside:
+            nested[unit] = inside
+    return nested
+
+
+def _pre_backward_index(backward: dict[str, list[int]], nested: dict[str, list[int]], order: list[str],
+                        unit: str) -> int:
+    """Where ``unit``'s pre-backward runs: at its first backward (or recompute) op, or earlier, at the
+    recomputation of units before it that its backward triggers (a region spanning them: the hook on
+    its output fires before the checkpoint unpacks and recomputes)."""
+    position = order.index(unit)
+    previous_end = backward[order[position - 1]][-1] if position else -1
+    first = backward[unit][0]
+    return min([first, *(i[0] for i in nested.values() if previous_end < i[0] < first)])
 
 
 def _post_backward(state: _Ranks, name: str, group: ShardedGroup, level: int) -> int:
