@@ -29,6 +29,7 @@ from .least import refusal_below_floor
 from .native import distributed_problem, plan_native
 from .native_plan import NativePlan
 from .native_request import native_profile
+from .fsdp2_exact import is_fsdp2, plan_fsdp2
 from .sharded import is_meta_model, plan_sharded
 from .attached import NoPlan, attach, plan_of
 from .autocast import planning_under
@@ -418,6 +419,16 @@ def _plan_native(model, example_inputs, parsed, loss_fn, time_limit, granularity
         try:
             return plan_sharded(model, example_inputs, parsed, loss_fn, time_limit, distributed,
                                 device_memory=device_memory)
+        except BudgetInfeasible:
+            raise
+        except Infeasible as error:
+            raise BudgetInfeasible(str(error), min_budget=error.min_budget, method=error.method) from None
+    if is_fsdp2(distributed) and not is_eager(profile):  # its per-rank peak exact (planner/fsdp2_exact.py)
+        try:
+            return plan_fsdp2(model, example_inputs, parsed, loss_fn, time_limit, distributed, profile,
+                              device_memory=device_memory)
+        except profiler.TraceError:
+            pass  # recorded eagerly below, its per-rank peak by FSDP2's upper bound
         except BudgetInfeasible:
             raise
         except Infeasible as error:

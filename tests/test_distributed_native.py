@@ -3,8 +3,9 @@
 Rank 0 plans one rank's step (its share of the batch) and saves the plan; every rank loads it and
 applies it to its own model, then wraps it. Gradients and parameters after several SGD steps, dropout
 on, must equal the same wrapper around the unplanned model; each rank's measured peak must be within
-the budget and not above the plan's prediction. Peaks are measured as tests/ranks.py says (gloo frees
-some collectives' buffers on a thread the CPU memory profile does not record).
+the budget and within 3% of the plan's prediction (under FSDP2 its exact per-rank peak:
+planner/fsdp2_exact.py). Peaks are measured as tests/ranks.py says (gloo frees some collectives'
+buffers on a thread the CPU memory profile does not record).
 """
 
 from __future__ import annotations
@@ -133,10 +134,6 @@ def test_ddp_counts_its_buckets_and_trains_as_the_unplanned_model(results):
     for result in results:
         plans = result["plans"]
         assert plans["ddp"]["regions"], "the plan should checkpoint something"
-        # Each wrapper's bytes are in the base of "60%": the same eager step's measured peak plus them.
-        eager = {name: plans[name]["unplanned"] - extra for name, extra in
-                 (("ddp", wrapper_bytes(_model(), "ddp")), ("fsdp2", fsdp2_bytes(_model(), FSDP2(WORLD))))}
-        assert eager["ddp"] == eager["fsdp2"], eager
         assert result["ddp"]["difference"] == 0.0
         assert result["ddp"]["peak"] <= plans["ddp"]["budget"], result["ddp"]
         assert abs(result["ddp"]["peak"] - plans["ddp"]["predicted"]) <= 0.03 * plans["ddp"]["predicted"], result
@@ -148,10 +145,12 @@ def test_fsdp2_per_block_counts_its_shards_and_trains_as_the_unplanned_model(res
         assert plan["regions"], "the plan should checkpoint something"
         assert fsdp2["difference"] <= 1e-6  # sharded reductions may round differently
         assert fsdp2["peak"] <= plan["budget"], result
-        assert fsdp2["peak"] <= plan["predicted"], result  # fsdp2_bytes is an upper bound
-        # The saved plan says what it counted.
+        # The exact per-rank peak (planner/fsdp2_timeline.py), not the bound: within 3% of measured.
+        assert abs(fsdp2["peak"] - plan["predicted"]) <= 0.03 * plan["predicted"], result
+        assert plan["measured"] is None  # predicted only: the step was not run sharded
+        # The saved plan says what it counted: FSDP2's bytes at the peak, below the bound's.
         assert plan["distributed"] == "fsdp2, 2 ranks, units 0, 1, 2, 3 and 2 more", plan["distributed"]
-        assert plan["wrapper_bytes"] == fsdp2_bytes(_model(), FSDP2(WORLD), plan["regions"])
+        assert plan["wrapper_bytes"] < fsdp2_bytes(_model(), FSDP2(WORLD), plan["regions"]), plan
         assert "Distributed:       fsdp2, 2 ranks" in plan["summary"]
         assert result["plans"]["ddp"]["distributed"] == "ddp"
         assert result["plans"]["ddp"]["wrapper_bytes"] == wrapper_bytes(_model(), "ddp")
