@@ -13,18 +13,24 @@ is None) and a ``"N%"`` budget is of the predicted per-rank un-checkpointed peak
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
+import networkx as nx
 import torch
 
+from profiler.costgraph import fingerprint as graph_fingerprint
 from profiler.state import rng_state_bytes
 from solvers import Infeasible
-from solvers.regions import SAVE_POLICIES, evaluate
+from solvers.regions import SAVE_POLICIES, RegionPlan, evaluate
+from solvers.schedule import Schedule
 
 from .bounded import check_within_device, profiling_bound
 from .budget import Budget, format_bytes
+from .fsdp2_search import sharded_gradients_graph
 from .fsdp2_timeline import fsdp2_peak_bytes
 from .native import plan_native
 from .native_plan import NativePlan
+from .planchecks import MODELLED_REGIONS
 from .native_request import native_profile
 from .sharding import FSDP2, refuse_wrapped, resolve_fsdp2, wrapper_bytes
 
@@ -65,13 +71,17 @@ def exact_fsdp2_plan(model: torch.nn.Module, example_inputs, budget: Budget, pro
     unplanned_peak = fsdp2_peak_bytes(unplanned.graph, unplanned.schedule, model, spec, held)
     budget_bytes = budget.resolve(unplanned_peak)
     check_within_device(budget, budget_bytes, device_memory)
-    over_counted = held + wrapper_bytes(model, spec) + unplanned.outcome.peak_bytes - unplanned_peak
+    # The search sees each unit's gradients as their shards (planner/fsdp2_search.py), its plans
+    # are priced on the step as the model runs it.
+    searched = replace(profile.regroup("op"), graph=sharded_gradients_graph(op_graph, model, spec))
+    search_unplanned = evaluate(searched.graph, ()).outcome.peak_bytes
+    over_counted = held + wrapper_bytes(model, spec) + search_unplanned - unplanned_peak
     target = budget_bytes + max(over_counted, 0)
     least = None  # the exact peak of the least plan by the bound, once tried
     for _ in range(REPAIRS + 2):
         try:
             plan = plan_native(model, example_inputs, Budget(bytes=target), loss_fn=loss_fn, time_limit=time_limit,
-                               profile=profile, measure=False, distributed=spec, policies=policies)
+                               profile=searched, measure=False, distributed=spec, policies=policies)
         except Infeasible as error:
             if least is not None:  # the least plan by the bound was tried already
                 raise _below_least(budget, budget_bytes, None) from None
@@ -83,15 +93,25 @@ def exact_fsdp2_plan(model: torch.nn.Module, example_inputs, budget: Budget, pro
             else:
                 raise _below_least(budget, budget_bytes, None) from None
             continue
-        exact = fsdp2_peak_bytes(plan.graph, plan.schedule, model, spec, held + _rng_bytes(plan.regions))
+        priced = evaluate(_whole_gradients(searched.graph, op_graph), plan.regions)
+        exact = fsdp2_peak_bytes(priced.graph, priced.schedule, model, spec, held + _rng_bytes(plan.regions))
         if exact <= budget_bytes:
-            return _with_exact_figures(plan, budget, budget_bytes, unplanned_peak, exact)
+            return _with_exact_figures(plan, priced, budget, budget_bytes, unplanned_peak, exact)
         if least == 0:  # the least plan is over the budget exactly too
             raise _below_least(budget, budget_bytes, exact)
         target -= exact - budget_bytes
     raise Infeasible(f"budget {budget} ({format_bytes(budget_bytes)} per rank): the plans the search found within "
                      "it by FSDP2's upper bound came out over it exactly; try a larger budget",
                      min_budget=None, method="regions")
+
+
+def _whole_gradients(searched: nx.DiGraph, op_graph: nx.DiGraph) -> nx.DiGraph:
+    """The search's graph (with what the search annotated on it: the checkpoint clock) with the
+    step's own sizes back, gradients whole."""
+    whole = searched.copy()
+    for node, data in whole.nodes(data=True):
+        data["mem"] = op_graph.nodes[node]["mem"]
+    return whole
 
 
 def _below_least(budget: Budget, budget_bytes: int, least: int | None) -> Infeasible:
@@ -108,18 +128,24 @@ def _rng_bytes(regions) -> int:
     return (len(regions) + 1) * rng_state_bytes() if regions else 0
 
 
-def _with_exact_figures(plan: NativePlan, budget: Budget, budget_bytes: int, unplanned_peak: int,
-                        exact: int) -> NativePlan:
-    """``plan`` (solved for another byte budget) with the user's budget and the exact per-rank
-    figures: FSDP2's bytes at the peak as ``wrapper_bytes``, so that the predicted peak stays the
-    bytes held besides the schedule plus its simulated peak (what a loaded plan is checked by)."""
-    activations = plan.predicted_peak_bytes - plan.fixed_bytes
+def _with_exact_figures(plan: NativePlan, priced: RegionPlan, budget: Budget, budget_bytes: int,
+                        unplanned_peak: int, exact: int) -> NativePlan:
+    """``plan`` (solved for another byte budget, on the search's graph) with the step's own region
+    graph and schedule (``priced``), the user's budget and the exact per-rank figures: FSDP2's
+    bytes at the peak as ``wrapper_bytes``, so that the predicted peak stays the bytes held besides
+    the schedule plus its simulated peak (what a loaded plan is checked by)."""
+    graph = priced.graph.copy()
+    graph.graph["fingerprint"] = graph_fingerprint(graph)
+    graph.graph[MODELLED_REGIONS] = plan.graph.graph[MODELLED_REGIONS]
+    plan.graph = graph
+    activations = priced.outcome.peak_bytes
     unwrapped = plan.fixed_bytes - plan.wrapper_bytes
     plan.wrapper_bytes = exact - unwrapped - activations
     plan.fixed_bytes = unwrapped + plan.wrapper_bytes
     plan.predicted_peak_bytes = exact
     plan.budget_bytes, plan.budget_text, plan.unplanned_peak_bytes = budget_bytes, str(budget), unplanned_peak
-    plan.schedule = plan.schedule.with_info(budget_bytes=budget_bytes - plan.fixed_bytes)
+    plan.schedule = Schedule(priced.schedule.steps, plan.schedule.info).with_info(
+        budget_bytes=budget_bytes - plan.fixed_bytes, predicted_peak_bytes=activations)
     plan.unplanned_peak_predicted = True  # nothing was run: every peak is predicted
     return plan
 
