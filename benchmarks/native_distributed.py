@@ -1,9 +1,10 @@
 """Per-rank peaks of native plans under FSDP2 on 2 gloo ranks (docs/native.md, "Several processes").
 
-Predicted: the unsharded step with the regions checkpointed, measured in one process, plus
-``planner.native.fsdp2_bytes`` (what ``plan(..., distributed="fsdp2")`` counts). Exact: the region
-schedule's simulation with FSDP2's buffers placed op by op (planner/fsdp2_timeline.py, what a model
-on the meta device is planned by), for the test model's rows. Measured: each rank's peak over a
+Predicted: for the test model's rows, the unsharded step with the regions checkpointed, measured
+in one process, plus ``planner.native.fsdp2_bytes`` (the bound the search counts); for the GPT-2,
+the plan's prediction (exact). Exact: the region schedule's simulation with FSDP2's buffers placed
+op by op (planner/fsdp2_timeline.py, what ``plan(..., distributed="fsdp2")`` predicts by), for the
+test model's rows. Measured: each rank's peak over a
 training step, as tests/ranks.py measures it (``rank_peak``). Cases:
 
 - the model of tests/test_distributed_native.py (six residual blocks and a root Linear, 128 rows of
