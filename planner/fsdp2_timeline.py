@@ -22,6 +22,13 @@ parameter's dim 0 padded to a multiple of ``world`` (planner/sharding.py ``shard
   held at most: ``reduce_scatter_max_input_buffers=1``), allocates its own (``gathered`` bytes)
   while the whole gradients are still live, frees them and keeps the reduced shard (``shard``
   bytes). The root's group does the same after the last op (the final callback).
+- A region spanning several units: the last unit's pre-backward fires (and prefetches the unit
+  before) before the checkpoint recomputes them all; each earlier unit's recomputation runs its
+  forward hooks, which copy it out (from the prefetched flat output, else all-gathered anew) and
+  keep the flat output until the unit's post-forward frees it (it is the pass's forward root then);
+  in backward that post-forward does not reshard, so the unit stays gathered to its own
+  post-backward, and its own pre-backward only prefetches (checked on 2 gloo ranks by logging
+  FSDPParamGroup's hooks).
 
 The unsharded step's figures are the region schedule's simulation (solvers/simulate.py): what it
 holds, op by op, including every parameter gradient once computed. Only a unit's whole gradients
