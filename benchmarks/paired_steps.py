@@ -12,8 +12,8 @@ mapped faults its pages in anew, one that stays below does not. Measured on benc
 GPT-2 (2026-11-28, load 2): the eager step took 43k minor faults and 0.08 s of kernel time a step
 (10% of it), its checkpointed steps none, so their CPU-time ratios came out 10-13 points below the
 plans' predicted overheads while their user-time ratios matched them within 1 point. That is
-the allocator's work, not the plan's (CUDA's caching allocator keeps its blocks, and so does a
-training loop's steady state with any caching allocator), and the planner does not price it:
+the allocator's work, not the plan's (CUDA's caching allocator keeps its blocks), and the planner
+does not price it (docs/benchmarks/clock.md):
 :func:`keep_freed_memory` makes malloc keep what it frees, so that after the untimed round every
 configuration steps on memory already mapped.
 Used by benchmarks/clock.py and benchmarks/native_exact.py.
