@@ -14,7 +14,8 @@ Models: the README's GPT-2 (examples/gpt2.py: 6 layers, 4 x 128 tokens), benchma
 GPT-2 (4 x 256 tokens), BERT, Llama, residual MLP and U-Net, and a nanoGPT-shaped model
 (benchmarks/nanogpt.py).
 
-    python benchmarks/clock.py [--rounds 7] [--budgets 60% 75%] [--models ...] [--out docs/benchmarks/clock.md]
+    python benchmarks/clock.py [--rounds 7] [--budgets 60% 75%] [--models ...] [--plan-with-memory-kept]
+                                [--out docs/benchmarks/clock.md]
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from solvers import Infeasible  # noqa: E402
 from solvers.regions import evaluate  # noqa: E402
 
 import models  # noqa: E402  (benchmarks/models.py)
-from paired_steps import measured_overheads, quartiles  # noqa: E402
+from paired_steps import keep_freed_memory, measured_overheads, quartiles  # noqa: E402
 import nanogpt  # noqa: E402  (benchmarks/nanogpt.py)
 
 
@@ -146,7 +147,12 @@ def main() -> None:
     parser.add_argument("--budgets", nargs="*", default=["60%", "75%"])
     parser.add_argument("--models", nargs="*", default=list(cases))
     parser.add_argument("--out", default=os.path.join(ROOT, "docs", "benchmarks", "clock.md"))
+    parser.add_argument("--plan-with-memory-kept", action="store_true",
+                        help="malloc keeps what it frees from the start, the profile and the clock's fit included "
+                             "(benchmarks/paired_steps.py keep_freed_memory; the measured steps always run so)")
     args = parser.parse_args()
+    if args.plan_with_memory_kept:
+        keep_freed_memory()
     torch.set_num_threads(1)  # step times are CPU times; the profile's op times one thread too
     started_load = os.getloadavg()
     print(f"torch {torch.__version__}, 1 thread, load average {started_load[0]:.1f}", flush=True)
@@ -163,7 +169,9 @@ def main() -> None:
         "",
         f"`python benchmarks/clock.py --rounds {args.rounds} --budgets {' '.join(args.budgets)}` "
         f"({datetime.date.today()}, torch {torch.__version__}, one thread, load average {started_load[0]:.1f} at "
-        f"the start and {ended_load[0]:.1f} at the end, 2 cores shared with other jobs). Each model planned at each "
+        f"the start and {ended_load[0]:.1f} at the end, 2 cores shared with other jobs; planned with malloc "
+        f"{'keeping what it frees' if args.plan_with_memory_kept else 'as it is'}, measured with it keeping what it "
+        "frees). Each model planned at each "
         "budget (`planner.plan`'s `\"N%\"`) on one profile, with the recomputed ops alone priced (`ops only`, the "
         "clock before issue 28 item 4) and with what torch.utils.checkpoint itself costs priced too (`clock`, the "
         "default). Predicted overhead: the plan's predicted step over the un-checkpointed one. Measured: CPU time of "
