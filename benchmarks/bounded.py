@@ -33,6 +33,7 @@ import torch  # noqa: E402
 from models import BENCHMARKS  # noqa: E402
 from planner.native_solve import solve_native  # noqa: E402
 from planner.api import profile_for  # noqa: E402
+from profiler.api import least_times  # noqa: E402
 from solvers import Infeasible  # noqa: E402
 from solvers.regions import evaluate  # noqa: E402
 from tables import markdown_table, publish  # noqa: E402
@@ -61,23 +62,6 @@ def _solve(profile, model, budget: int):
 def _seconds_of(profile, regions) -> float:
     """The predicted step of ``regions`` priced on ``profile``'s op times."""
     return evaluate(profile.regroup("op").graph, tuple(regions)).outcome.compute_cost
-
-
-def least_times(profiles: list):
-    """The first profile, each op's time the least over ``profiles`` (profiles of one trace):
-    another process's load only adds to an op's time (tests/test_bounded.py does the same)."""
-    from dataclasses import replace
-
-    import profiler
-    from profiler.api import _annotate
-    from profiler.costgraph import build_cost_graph
-
-    first = profiles[0]
-    seconds = {name: min(p.times.seconds[name] for p in profiles) for name in first.times.seconds}
-    times = replace(first.times, seconds=seconds)
-    graph = build_cost_graph(first.joint, first.grouping, times)
-    _annotate(graph, first.device, first.granularity)
-    return profiler.Profile(graph, first.joint, first.grouping, times, first.granularity, first.device, first.seconds)
 
 
 def run(name: str, budgets=BUDGETS, rounds: int = ROUNDS) -> list[tuple]:

@@ -161,6 +161,20 @@ def _annotate(graph: nx.DiGraph, device: str, granularity: str) -> None:
     graph.graph["torch_version"] = torch.__version__
 
 
+def least_times(profiles: list[Profile]) -> Profile:
+    """The first of ``profiles`` (profiles of one trace: the same ops) with each op's time the least
+    over them, seconds: another process's load only adds to an op's time, so the least over a few
+    rounds converges on the op's own (two profiles of one step on a loaded 2-core machine summed
+    their op times 13% apart). Compares profiles taken in turn (tests/test_bounded.py,
+    benchmarks/bounded.py)."""
+    first = profiles[0]
+    seconds = {name: min(p.times.seconds[name] for p in profiles) for name in first.times.seconds}
+    times = replace(first.times, seconds=seconds)
+    graph = build_cost_graph(first.joint, first.grouping, times)
+    _annotate(graph, first.device, first.granularity)
+    return Profile(graph, first.joint, first.grouping, times, first.granularity, first.device, first.seconds)
+
+
 def profile(
     model: torch.nn.Module,
     example_inputs,

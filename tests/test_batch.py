@@ -262,6 +262,12 @@ CONFIG_ERRORS = [
 
 @pytest.mark.parametrize("text, phrases", CONFIG_ERRORS, ids=[p[1][1] if len(p[1]) > 1 else p[1][0] for p in CONFIG_ERRORS])
 def test_sweep_file_checks_name_the_line_and_what_is_accepted(tmp_path, text, phrases):
+    assert_sweep_file_refused(tmp_path, text, phrases)
+
+
+def assert_sweep_file_refused(tmp_path, text: str, phrases) -> None:
+    """The sweep file ``text`` (beside a model file) is refused by one line naming the file and
+    every one of ``phrases``."""
     from planner.sweep.config import ConfigError, load_sweep
 
     write(tmp_path / "model.py", SWEEP_MODEL)

@@ -10,7 +10,7 @@ import os
 import pytest
 import yaml
 
-from test_batch import SWEEP_MODEL, rows, write
+from test_batch import SWEEP_MODEL, assert_sweep_file_refused, rows, write
 from test_cli import ROOT, assert_clean_error, run, run_here
 
 import planner
@@ -124,16 +124,7 @@ EXECUTOR_ERRORS = [
 
 @pytest.mark.parametrize("text, phrases", EXECUTOR_ERRORS, ids=[p[1][1] for p in EXECUTOR_ERRORS])
 def test_executor_mistakes_name_the_line_and_what_is_accepted(tmp_path, text, phrases):
-    from planner.sweep.config import ConfigError, load_sweep
-
-    write(tmp_path / "model.py", SWEEP_MODEL)
-    (tmp_path / "sweep.yaml").write_text(text)
-    with pytest.raises(ConfigError) as error:
-        load_sweep(str(tmp_path / "sweep.yaml"))
-    message = str(error.value)
-    assert message.startswith(f"{tmp_path / 'sweep.yaml'}") and "\n" not in message
-    for phrase in phrases:
-        assert phrase in message, message
+    assert_sweep_file_refused(tmp_path, text, phrases)
 
 
 def test_a_traced_only_solver_for_the_native_executor_is_refused_by_the_command(tmp_path):

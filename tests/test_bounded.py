@@ -13,6 +13,7 @@ import profiler
 from planner.bounded import DeviceMemoryError, device_memory_of, parse_device_memory, profiling_bound
 from planner.budget import parse_budget
 from planner.native_solve import solve_native
+from profiler.api import least_times
 from profiler.oom import OutOfMemory, out_of_memory
 from solvers.regions import evaluate
 
@@ -26,23 +27,6 @@ MIB = 2**20
 # -- the bounded profile against the full one -------------------------------------------------------
 ROUNDS = 2  # profiles of each kind, alternated; each op keeps its least time over them (more while they differ)
 MAX_ROUNDS = 8
-
-
-def _least_times(profiles: list) -> profiler.Profile:
-    """The first profile, its op times each the least over ``profiles`` (the same trace): two
-    profiles of the same step on this loaded 2-core machine summed their op times 13% apart, and
-    the least over a few converges on the op's own time."""
-    from dataclasses import replace
-
-    from profiler.api import _annotate
-    from profiler.costgraph import build_cost_graph
-
-    first = profiles[0]
-    seconds = {name: min(p.times.seconds[name] for p in profiles) for name in first.times.seconds}
-    times = replace(first.times, seconds=seconds)
-    graph = build_cost_graph(first.joint, first.grouping, times)
-    _annotate(graph, first.device, first.granularity)
-    return profiler.Profile(graph, first.joint, first.grouping, times, first.granularity, first.device, first.seconds)
 
 
 @pytest.fixture(scope="module")
@@ -80,13 +64,13 @@ def test_a_bounded_profile_holds_at_most_its_bound_and_recomputes(gpt2_profiles)
 
 def test_the_bounded_profile_chooses_the_full_ones_plan_and_predicts_its_step(gpt2_profiles):
     """Where the step fits: the same plan from either profile, and the predicted step within 3%
-    (each profile's op times the least over its rounds: see :func:`_least_times`). Another round of
+    (each profile's op times the least over its rounds: see :func:`profiler.api.least_times`). Another round of
     each is profiled while they differ by more, up to :data:`MAX_ROUNDS`: on this machine at load 17
     three rounds each still differed by 5% (either way), four by 1.4% between two sets of full ones."""
     model, inputs, fulls, boundeds, peak, bound = gpt2_profiles
     budget = int(0.5 * peak)
     while True:
-        full, bounded = _least_times(fulls), _least_times(boundeds)
+        full, bounded = least_times(fulls), least_times(boundeds)
         # The search alone (planner.plan would measure both plans: what is compared is the profiles).
         from_full, _ = solve_native(full, model, budget)
         from_bounded, _ = solve_native(bounded, model, budget)
