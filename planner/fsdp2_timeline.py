@@ -112,36 +112,10 @@ def fsdp2_peak_bytes(graph: nx.DiGraph, schedule, model: torch.nn.Module, spec: 
     per-block FSDP2 ``spec``; ``held_bytes``: what the unsharded step holds besides its schedule
     (parameters whole, buffers, inputs, saved generator states). See the module docstring."""
     groups = sharded_groups(model, spec)
-    units = tuple(u for u in groups if u != ROOT)
     steps = list(schedule)
     memory = simulate(graph, steps, record_memory=True).memory
     nodes = graph.nodes
-    fwd: dict[str, list[int]] = {}
-    bwd: dict[str, list[int]] = {}
-    backward_start = None
-    for index, (action, node) in enumerate(steps):
-        if action != COMPUTE:
-            continue
-        kind = nodes[node].get("kind")
-        unit = _unit_of(str(nodes[node].get("module", "")), units)
-        if kind in BACKWARD_KINDS and backward_start is None:
-            backward_start = index
-        if unit == ROOT:
-            continue
-        (bwd if kind in BACKWARD_KINDS else fwd).setdefault(unit, []).append(index)
-    nested = _nested_recomputes(bwd, {i for i, (action, node) in enumerate(steps)
-                                      if action == COMPUTE and nodes[node].get("kind") == "recompute"})
-    bwd = {u: [i for i in indices if i not in nested.get(u, ())] for u, indices in bwd.items()}
-    bwd = {u: indices for u, indices in bwd.items() if indices}
-    nested_starts = {indices[0]: u for u, indices in nested.items()}
-    nested_units = set(nested)
-    nested_ends = {indices[-1]: u for u, indices in nested.items()}
-    forward_order = sorted(fwd, key=lambda u: fwd[u][0])
-    backward_order = sorted(bwd, key=lambda u: bwd[u][0])
-    starts = {fwd[u][0]: u for u in forward_order}
-    ends = {fwd[u][-1]: u for u in forward_order}
-    backward_starts = {_pre_backward_index(bwd, nested, backward_order, u): u for u in backward_order}
-    backward_ends = {bwd[u][-1]: u for u in backward_order}
+    hooks = _hook_points(steps, nodes, tuple(u for u in groups if u != ROOT))
     root = groups[ROOT]
     fixed = held_bytes - sum(g.whole for g in groups.values()) + sum(g.shard for g in groups.values())
 
@@ -156,50 +130,124 @@ def fsdp2_peak_bytes(graph: nx.DiGraph, schedule, model: torch.nn.Module, spec: 
     state.flat = root.gathered
     for index, (action, _) in enumerate(steps):
         before = fixed + level_after(index - 1)
-        if index == backward_start:  # the root's post-forward freed the last flat output; its pre-backward prefetches
-            state.prefetch(backward_order[0] if backward_order else None, groups)
-        if index in starts:  # a unit's pre-forward: all-gather beside the kept flat output, then copy out
-            unit = groups[starts[index]]
-            peak = max(peak, before + state.extra() + unit.gathered)
-            state.flat = unit.gathered
-            state.unsharded[starts[index]] = unit.gathered
-            peak = max(peak, before + state.extra())
-        if index in backward_starts:  # a unit's pre-backward: copy out beside the prefetched flat output
-            name = backward_starts[index]
-            unit = groups[name]
-            if name not in nested_units:  # else gathered by its recomputation already: nothing to do
-                if state.prefetched != name:  # not prefetched: all-gathered now
-                    state.flat = unit.gathered
-                state.unsharded[name] = unit.gathered
-                peak = max(peak, before + state.extra())
-            position = backward_order.index(name)
-            state.prefetch(backward_order[position + 1] if position + 1 < len(backward_order) else None, groups)
-        if index in nested_starts:  # recomputed in another unit's backward: its pre-forward gathers it
-            name = nested_starts[index]
-            unit = groups[name]
-            if state.prefetched != name:  # all-gathered now, beside the flat output kept before
-                peak = max(peak, before + state.extra() + unit.gathered)
-                kept = unit.gathered
-            else:
-                kept, state.flat, state.prefetched = state.flat, 0, None
-            # In forward state: the flat output kept before is freed at the copy-out, this one kept
-            # (FSDP2's all_gather_state) until its post-forward, which frees it (the unit is the
-            # pass's forward root then) but does not reshard (in backward): it stays gathered
-            # through its own backward, whose pre-backward only prefetches.
-            state.kept = kept
-            state.unsharded[name] = unit.gathered
-            peak = max(peak, before + state.extra())
+        peak = max(peak, _hooks_before(index, hooks, state, groups, before))
         if action == COMPUTE:
             peak = max(peak, fixed + memory[index] + state.extra())
         after = fixed + level_after(index)
-        if index in ends:  # a unit's post-forward reshards
-            state.unsharded[ends[index]] = 0
-        if index in nested_ends:  # the recomputed unit's post-forward frees the flat output it kept
+        if index in hooks.ends:  # a unit's post-forward reshards
+            state.unsharded[hooks.ends[index]] = 0
+        if index in hooks.nested_ends:  # the recomputed unit's post-forward frees the flat output it kept
             state.kept = 0
-        if index in backward_ends:
-            peak = max(peak, _post_backward(state, backward_ends[index], groups[backward_ends[index]], after))
+        if index in hooks.backward_ends:
+            name = hooks.backward_ends[index]
+            peak = max(peak, _post_backward(state, name, groups[name], after))
     last = fixed + level_after(len(steps) - 1)
     return max(peak, _post_backward(state, ROOT, root, last))
+
+
+@dataclass(frozen=True)
+class _HookPoints:
+    """Where FSDP2's hooks run in a schedule, step index -> unit: pre-forward (``starts``),
+    post-forward (``ends``), pre-backward, post-backward, and a unit recomputed inside another's
+    backward (``nested_*``); ``backward_start``: the first backward step."""
+
+    starts: dict[int, str]
+    ends: dict[int, str]
+    backward_starts: dict[int, str]
+    backward_ends: dict[int, str]
+    backward_order: list[str]
+    backward_start: int | None
+    nested_starts: dict[int, str]
+    nested_ends: dict[int, str]
+
+
+def _unit_steps(steps, nodes, units) -> tuple[dict[str, list[int]], dict[str, list[int]], int | None]:
+    """Each unit's forward and backward (recompute included) step indices, and the first backward step."""
+    forward: dict[str, list[int]] = {}
+    backward: dict[str, list[int]] = {}
+    backward_start = None
+    for index, (action, node) in enumerate(steps):
+        if action != COMPUTE:
+            continue
+        kind = nodes[node].get("kind")
+        unit = _unit_of(str(nodes[node].get("module", "")), units)
+        if kind in BACKWARD_KINDS and backward_start is None:
+            backward_start = index
+        if unit == ROOT:
+            continue
+        (backward if kind in BACKWARD_KINDS else forward).setdefault(unit, []).append(index)
+    return forward, backward, backward_start
+
+
+def _hook_points(steps, nodes, units) -> _HookPoints:
+    fwd, bwd, backward_start = _unit_steps(steps, nodes, units)
+    nested = _nested_recomputes(bwd, {i for i, (action, node) in enumerate(steps)
+                                      if action == COMPUTE and nodes[node].get("kind") == "recompute"})
+    bwd = {u: [i for i in indices if i not in nested.get(u, ())] for u, indices in bwd.items()}
+    bwd = {u: indices for u, indices in bwd.items() if indices}
+    forward_order = sorted(fwd, key=lambda u: fwd[u][0])
+    backward_order = sorted(bwd, key=lambda u: bwd[u][0])
+    return _HookPoints(
+        starts={fwd[u][0]: u for u in forward_order},
+        ends={fwd[u][-1]: u for u in forward_order},
+        backward_starts={_pre_backward_index(bwd, nested, backward_order, u): u for u in backward_order},
+        backward_ends={bwd[u][-1]: u for u in backward_order},
+        backward_order=backward_order,
+        backward_start=backward_start,
+        nested_starts={indices[0]: u for u, indices in nested.items()},
+        nested_ends={indices[-1]: u for u, indices in nested.items()},
+    )
+
+
+def _hooks_before(index: int, hooks: _HookPoints, state: _Ranks, groups, before: int) -> int:
+    """The hooks that run before step ``index`` (``before``: the rank's bytes there, FSDP2's own
+    buffers left out), applied to ``state``; the most bytes they hold at once."""
+    peak = 0
+    if index == hooks.backward_start:  # the root's post-forward freed the last flat output; its pre-backward prefetches
+        state.prefetch(hooks.backward_order[0] if hooks.backward_order else None, groups)
+    if index in hooks.starts:  # a unit's pre-forward: all-gather beside the kept flat output, then copy out
+        unit = groups[hooks.starts[index]]
+        peak = max(peak, before + state.extra() + unit.gathered)
+        state.flat = unit.gathered
+        state.unsharded[hooks.starts[index]] = unit.gathered
+        peak = max(peak, before + state.extra())
+    if index in hooks.backward_starts:
+        peak = max(peak, _pre_backward(hooks.backward_starts[index], hooks, state, groups, before))
+    if index in hooks.nested_starts:
+        peak = max(peak, _nested_pre_forward(hooks.nested_starts[index], state, groups, before))
+    return peak
+
+
+def _pre_backward(name: str, hooks: _HookPoints, state: _Ranks, groups, before: int) -> int:
+    """A unit's pre-backward: copy out beside the prefetched flat output, then prefetch the next."""
+    peak = 0
+    unit = groups[name]
+    if name not in set(hooks.nested_starts.values()):  # else gathered by its recomputation already: nothing to do
+        if state.prefetched != name:  # not prefetched: all-gathered now
+            state.flat = unit.gathered
+        state.unsharded[name] = unit.gathered
+        peak = before + state.extra()
+    position = hooks.backward_order.index(name)
+    state.prefetch(hooks.backward_order[position + 1] if position + 1 < len(hooks.backward_order) else None, groups)
+    return peak
+
+
+def _nested_pre_forward(name: str, state: _Ranks, groups, before: int) -> int:
+    """A unit recomputed in another unit's backward: its pre-forward gathers it."""
+    peak = 0
+    unit = groups[name]
+    if state.prefetched != name:  # all-gathered now, beside the flat output kept before
+        peak = before + state.extra() + unit.gathered
+        kept = unit.gathered
+    else:
+        kept, state.flat, state.prefetched = state.flat, 0, None
+    # In forward state: the flat output kept before is freed at the copy-out, this one kept
+    # (FSDP2's all_gather_state) until its post-forward, which frees it (the unit is the
+    # pass's forward root then) but does not reshard (in backward): it stays gathered
+    # through its own backward, whose pre-backward only prefetches.
+    state.kept = kept
+    state.unsharded[name] = unit.gathered
+    return max(peak, before + state.extra())
 
 
 def _nested_recomputes(backward: dict[str, list[int]], recomputed: set[int]) -> dict[str, list[int]]:
