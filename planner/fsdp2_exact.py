@@ -19,7 +19,7 @@ import networkx as nx
 import torch
 
 from profiler.costgraph import fingerprint as graph_fingerprint
-from profiler.state import rng_state_bytes
+from profiler.state import cuda_devices
 from solvers import Infeasible
 from solvers.regions import SAVE_POLICIES, RegionPlan, evaluate
 from solvers.schedule import Schedule
@@ -32,6 +32,7 @@ from .native import plan_native
 from .native_plan import NativePlan
 from .planchecks import MODELLED_REGIONS
 from .native_request import native_profile
+from .native_solve import rng_bytes
 from .sharding import FSDP2, refuse_wrapped, resolve_fsdp2, wrapper_bytes
 
 REPAIRS = 3  # re-solves after the exact per-rank peak came out over the budget
@@ -94,7 +95,7 @@ def exact_fsdp2_plan(model: torch.nn.Module, example_inputs, budget: Budget, pro
                 raise _below_least(budget, budget_bytes, None) from None
             continue
         priced = evaluate(_whole_gradients(searched.graph, op_graph), plan.regions)
-        exact = fsdp2_peak_bytes(priced.graph, priced.schedule, model, spec, held + _rng_bytes(plan.regions))
+        exact = fsdp2_peak_bytes(priced.graph, priced.schedule, model, spec, held + rng_bytes(plan.regions, cuda_devices([*model.parameters()])))
         if exact <= budget_bytes:
             return _with_exact_figures(plan, priced, budget, budget_bytes, unplanned_peak, exact)
         if least == 0:  # the least plan is over the budget exactly too
@@ -120,12 +121,6 @@ def _below_least(budget: Budget, budget_bytes: int, least: int | None) -> Infeas
                       "the model's modules reaches under FSDP2"
                       + (f": {format_bytes(least)} ({least} bytes) per rank" if least else ""),
                       min_budget=least or None, method="regions")
-
-
-def _rng_bytes(regions) -> int:
-    """The generator states torch.utils.checkpoint saves on CPU: one per region, one more while one
-    recomputes (planner/native.py)."""
-    return (len(regions) + 1) * rng_state_bytes() if regions else 0
 
 
 def _with_exact_figures(plan: NativePlan, priced: RegionPlan, budget: Budget, budget_bytes: int,
