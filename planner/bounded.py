@@ -10,7 +10,9 @@ Device memory (bytes the step may use, parameters, buffers and inputs included):
 
 - given: ``plan(..., device_memory=)`` / ``--device-memory`` (a byte size, ``"8GiB"``);
 - on CUDA by default: the free memory (``torch.cuda.mem_get_info``) plus what this process's
-  caching allocator already holds (``torch.cuda.memory_reserved``, the parameters among it);
+  caching allocator already holds (``torch.cuda.memory_reserved``, the parameters among it), at
+  most the share ``torch.cuda.set_per_process_memory_fraction`` allows the allocator (its fraction
+  of the total memory);
 - on CPU by default: under an address-space limit (``ulimit -v``, ``RLIMIT_AS``), what the limit
   leaves free (the limit less the process's mapped size, ``VmSize``) plus the bytes of the model's
   parameters, buffers and inputs (already mapped); without a limit, none: only the budget bounds.
@@ -56,14 +58,31 @@ def device_memory_of(model: torch.nn.Module, example_inputs, device_memory=None)
     tensors = [t for t in pytree.tree_leaves(example_inputs) if isinstance(t, torch.Tensor)]
     device = next((p.device for p in model.parameters()), None) or next((t.device for t in tensors), None)
     if device is not None and device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(device)
-        return int(free + torch.cuda.memory_reserved(device))
+        return cuda_device_memory(device)
     import resource
 
     if resource.getrlimit(resource.RLIMIT_AS)[0] == resource.RLIM_INFINITY:
         return None
     free = cpu_free_bytes()
     return None if free is None else free + resident_bytes(model, tensors)
+
+
+def cuda_device_memory(device: torch.device) -> int:
+    """What the caching allocator may still hold on ``device`` (bytes), what it holds now included:
+    the free memory plus its reserved bytes, capped by its per-process fraction of the total (the
+    allocator refuses a segment that would take its reserved bytes past that share)."""
+    free, total = torch.cuda.mem_get_info(device)
+    available = free + torch.cuda.memory_reserved(device)
+    return int(min(available, _memory_fraction(device) * total))
+
+
+def _memory_fraction(device: torch.device) -> float:
+    """The allocator's per-process fraction (1.0 where this torch cannot say)."""
+    getter = getattr(torch.cuda, "get_per_process_memory_fraction", None)
+    if getter is not None:
+        return float(getter(device))
+    native = getattr(torch._C, "_cuda_getMemoryFraction", None)  # before torch exposed the getter
+    return 1.0 if native is None else float(native(device.index or 0))
 
 
 def profiling_bound(budget: Budget, device_memory: int | None) -> int | None:

@@ -14,9 +14,15 @@ from collections.abc import Iterator
 
 CPU_MESSAGE = "DefaultCPUAllocator: can't allocate memory"
 _CPU_ASKED = re.compile(r"you tried to allocate (\d+) bytes")
-_CUDA_ASKED = re.compile(r"Tried to allocate ([\d.]+) (B|KiB|MiB|GiB|TiB)")
-_CUDA_FREE = re.compile(r"of which ([\d.]+) (B|KiB|MiB|GiB|TiB) is free")
-_UNITS = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
+_SIZE = r"([\d.]+) (bytes|B|KiB|MiB|GiB|TiB)"  # c10's format_size
+_CUDA_ASKED = re.compile(r"Tried to allocate " + _SIZE)
+_CUDA_FREE = re.compile(r"of which " + _SIZE + " is free")
+# Under torch.cuda.set_per_process_memory_fraction the message adds "N allowed;" (the allocator's
+# share) and what the allocator holds: allocated, and reserved but unallocated.
+_CUDA_ALLOWED = re.compile(_SIZE + " allowed;")
+_CUDA_ALLOCATED = re.compile(r"Of the allocated memory " + _SIZE + " is allocated by PyTorch")
+_CUDA_CACHED = re.compile(_SIZE + " is reserved by PyTorch but unallocated")
+_UNITS = {"bytes": 1, "B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
 
 
 class OutOfMemory(RuntimeError):
@@ -65,15 +71,25 @@ def _status_bytes(field: str) -> int:
     raise ValueError(f"no {field} in /proc/self/status")
 
 
+def cuda_free_bytes(message: str) -> int | None:
+    """The bytes a CUDA out-of-memory ``message`` says were free to this process: under a per-process
+    fraction, its allowed share less what the caching allocator held (allocated and cached); else
+    the device's free memory."""
+    allowed, allocated, cached = (pattern.search(message) for pattern in (_CUDA_ALLOWED, _CUDA_ALLOCATED, _CUDA_CACHED))
+    if allowed and allocated and cached:
+        return max(0, _bytes(*allowed.groups()) - _bytes(*allocated.groups()) - _bytes(*cached.groups()))
+    free = _CUDA_FREE.search(message)
+    return _bytes(*free.groups()) if free else None
+
+
 def out_of_memory(error: BaseException, during: str = "") -> OutOfMemory | None:
     """``error`` as an :class:`OutOfMemory` when it is the device refusing an allocation, else None."""
     import torch
 
     text = str(error)
     if isinstance(error, torch.OutOfMemoryError):
-        asked, free = _CUDA_ASKED.search(text), _CUDA_FREE.search(text)
-        return OutOfMemory("cuda", _bytes(*asked.groups()) if asked else None,
-                           _bytes(*free.groups()) if free else None, during)
+        asked = _CUDA_ASKED.search(text)
+        return OutOfMemory("cuda", _bytes(*asked.groups()) if asked else None, cuda_free_bytes(text), during)
     if isinstance(error, RuntimeError) and CPU_MESSAGE in text:
         asked = _CPU_ASKED.search(text)
         return OutOfMemory("cpu", int(asked.group(1)) if asked else None, cpu_free_bytes(), during)

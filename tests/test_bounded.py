@@ -175,6 +175,30 @@ def test_allocation_failures_are_said_as_such():
     assert out_of_memory(RuntimeError("shapes do not match")) is None
 
 
+def test_under_a_memory_fraction_free_is_the_allowed_share_less_what_the_allocator_holds():
+    """torch.cuda.set_per_process_memory_fraction (the GPU's stand-in for a smaller one): the device
+    is nearly empty, but the process may use only its share; c10's message as torch 2.11 words it."""
+    cuda = torch.OutOfMemoryError(
+        "CUDA out of memory. Tried to allocate 20.00 MiB. GPU 0 has a total capacity of 139.81 GiB of which "
+        "138.20 GiB is free. Including non-PyTorch memory, this process has 1.60 GiB memory in use. 1.00 GiB "
+        "allowed; Of the allocated memory 900.00 MiB is allocated by PyTorch, and 100.00 MiB is reserved by "
+        "PyTorch but unallocated. If reserved but unallocated memory is large try setting ...")
+    found = out_of_memory(cuda, "timing the step's ops")
+    assert (found.asked_bytes, found.free_bytes) == (20 * MIB, 2**30 - 1000 * MIB)
+    assert str(found).startswith(f"out of memory on cuda: {20 * MIB} bytes asked, {2**30 - 1000 * MIB} free while ")
+
+
+def test_cuda_device_memory_is_capped_by_the_per_process_fraction(monkeypatch):
+    from planner import bounded
+
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (100 * 2**30, 140 * 2**30))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device: 2 * 2**30)
+    monkeypatch.setattr(torch.cuda, "get_per_process_memory_fraction", lambda device: 1.0)
+    assert bounded.cuda_device_memory(torch.device("cuda", 0)) == 102 * 2**30  # free plus what the allocator holds
+    monkeypatch.setattr(torch.cuda, "get_per_process_memory_fraction", lambda device: 0.05)
+    assert bounded.cuda_device_memory(torch.device("cuda", 0)) == int(0.05 * 140 * 2**30)  # the share allowed
+
+
 def test_the_cli_refuses_a_budget_above_device_memory_before_loading_the_model(tmp_path):
     path = model_file(tmp_path, "raise SystemExit('loaded')\n")
     result = run(path, "--budget", "2GB", "--device-memory", "1GB", "--out", tmp_path / "plan.json")
