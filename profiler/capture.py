@@ -41,6 +41,7 @@ from .loss import LossInfo, run_planning_loss
 from .loss import default_loss as default_loss  # re-exported: the planner's default loss
 from .rnn import DECOMPOSITIONS as RNN_DECOMPOSITIONS
 from .state import cuda_devices, preserved_state
+from .hf_masks import unpacked_positions_as_eager
 from .transformer import masks_applied_as_given
 
 
@@ -302,7 +303,8 @@ class _JointStep:
         params, frozen, buffers, inputs, tangents = self.state.split(flat)
         names = (*self.state.trainable, *self.state.frozen, *self.state.buffers)
         call_args, call_kwargs = self.state.layout.unflatten(inputs)
-        with _reparametrize_module(self.model, dict(zip(names, params + frozen + buffers)), tie_weights=True):
+        with _reparametrize_module(self.model, dict(zip(names, params + frozen + buffers)), tie_weights=True), \
+                unpacked_positions_as_eager(self.model, call_args, call_kwargs):
             output = self.model.forward(*call_args, **call_kwargs)
         outputs = self._tensor_outputs(output)
         differentiated = [outputs[i] for i in _checked_tangent_outputs(self.loss, len(outputs))]

@@ -157,3 +157,26 @@ def test_inputs_at_builds_the_inputs_at_each_batch(tmp_path):
     batch = summary["batch_size"]
     assert summary["example_batch_size"] == 4 or batch != 16  # the search ran over the real batch dimension
     assert planner.load(out).inputs == [f"float32[4, {batch}, 32] on cpu"]
+
+
+def test_the_plan_found_is_measured_with_the_users_loss(monkeypatch):
+    """On CUDA the traced plan --max-batch settles on is measured and repaired
+    (planner.api.repaired_on_measurement): that step must take the user's loss_fn (a Hugging Face
+    model's loss, output #0), not the default over every output. The measurement, run on CPU here."""
+    import planner.api as api
+    from planner.cli.maxbatch import find_max_batch
+
+    from models import gpt2, gpt2_inputs, hf_loss
+
+    measured = []
+    real_measure = api._measure_traced
+
+    def measuring(*args, **kwargs):
+        measured.append(real_measure(*args, **kwargs))
+        return measured[-1]
+
+    monkeypatch.setattr(api, "cuda_devices", lambda tensors: [torch.device("cpu")])  # take the CUDA path
+    monkeypatch.setattr(api, "_measure_traced", measuring)
+    model, inputs = gpt2(layers=2, embd=32, heads=2, vocab=100, positions=32), gpt2_inputs(batch=4, tokens=32, vocab=100)
+    found = find_max_batch(model, inputs, "6MB", solver="dp", loss_fn=hf_loss)
+    assert found.batch_size > 4 and measured and found.plan.budget_bytes == 6_000_000

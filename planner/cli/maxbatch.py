@@ -255,8 +255,10 @@ def find_max_batch(model: torch.nn.Module, example_inputs: Any, budget, solver: 
             profiled.append(batch)
         try:
             with progress.task(f"Planning at batch size {batch}"):
+                # loss_fn too: on CUDA the plan is measured (planner.api.repaired_on_measurement), and
+                # without it the measured step's loss would be the default one over every output.
                 made = plan(model, inputs, budget_bytes, solver=solver, time_limit=time_limit, profile=real,
-                            executor="traced", device_memory=device_memory)
+                            executor="traced", device_memory=device_memory, loss_fn=loss_fn)
         except BudgetInfeasible:
             made = None
         if made is not None and _within(made, max_overhead):
