@@ -128,7 +128,7 @@ def _native_plan(model, profile, solved: RegionPlan, held: int, budget: Budget, 
         predicted_peak_bytes=solved.outcome.peak_bytes, compute_cost=solved.outcome.compute_cost,
         message=((f"checkpoint {len(solved.regions)} module(s) with torch.utils.checkpoint, recomputing "
                   f"{recomputed} op(s)") if solved.regions else "nothing to checkpoint: the step fits as it is")
-        + (f"; {found.message}" if found.message else ""),
+        + (f"; {found.message}" if found.message and solved.regions else ""),  # no regions: said once
     )
     return NativePlan(
         schedule=solved.schedule.with_info(**info.__dict__),

@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass, replace
 
 from solvers import Infeasible
-from solvers.regions import evaluate
+from solvers.native import step_as_it_is
 
 from .budget import Budget, format_bytes
 from .native_hints import cache_hint
@@ -59,7 +59,7 @@ def search_measure_repair(request: NativeRequest, resolved: ResolvedBudget):
         if eager.runs == 0:  # the plan is the eager step: time it
             eager = replace(measure_native(request.model, (), request.example_inputs, request.loss_fn, warm_up=False),
                             peak_bytes=eager.peak_bytes)
-        return evaluate(request.op_graph, ()), request.fixed_bytes, eager, 0.0
+        return step_as_it_is(request.op_graph), request.fixed_bytes, eager, 0.0
     search = _TimedSearch(request)
     if not request.measure:
         try:
@@ -109,7 +109,7 @@ def _least_or_refusal(request: NativeRequest, error: Infeasible, budget_bytes: i
         eager = eager_timed(model, request.example_inputs, request.loss_fn, request.extra_bytes, eager,
                              warm_up=not request.warm)
         if eager.peak_bytes <= budget_bytes:
-            return evaluate(request.op_graph, ()), request.fixed_bytes, eager
+            return step_as_it_is(request.op_graph), request.fixed_bytes, eager
         minimum = eager.peak_bytes if minimum is None else min(minimum, eager.peak_bytes)
     if measured is not None:  # a repair asked for less than the budget: the least is not the user's
         raise Infeasible(_measured_over(request.budget, budget_bytes, measured.peak_bytes, target),

@@ -12,8 +12,8 @@ Pure Python, networkx, numpy and highspy: no torch, like the rest of ``solvers``
 """
 
 from .menu import Menu, all_segments, build_menu
-from .method import METHOD, RegionSchedule, solve_regions, solve_regions_exact
+from .method import METHOD, RegionSchedule, solve_regions, solve_regions_exact, step_as_it_is
 from .peak_rows import PeakRows, build_rows
 
 __all__ = ["METHOD", "Menu", "PeakRows", "RegionSchedule", "all_segments", "build_menu", "build_rows", "solve_regions",
-           "solve_regions_exact"]
+           "solve_regions_exact", "step_as_it_is"]

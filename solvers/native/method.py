@@ -201,7 +201,7 @@ def solve_regions_exact(graph: nx.DiGraph, budget_bytes: int, candidates: Sequen
     clock = Clock(time_limit_or_default(time_limit), started)
     empty = evaluate(graph, ())
     if empty.outcome.peak_bytes <= budget_bytes:
-        return _reported(empty, OPTIMAL, None, started, "nothing to checkpoint: the step fits as it is")
+        return step_as_it_is(graph, empty)
     policies = tuple(policies or ())
     model = RegionModel(graph)
     menu = build_menu(graph, candidates, sequentials, policies, model)
@@ -226,6 +226,15 @@ def solve_regions_exact(graph: nx.DiGraph, budget_bytes: int, candidates: Sequen
     if search.best is None:
         raise _no_plan(search, budget_bytes, least, clock)
     return _found(graph, rows, milp, search, budget_bytes, started)
+
+
+def step_as_it_is(graph: nx.DiGraph, empty: RegionPlan | None = None) -> RegionPlan:
+    """The plan of no regions, reported ``optimal``: where the step fits as it is (predicted, or
+    measured by the planner), no native plan is faster, since every region only adds its
+    recomputation. ``empty``: ``evaluate(graph, ())`` when the caller has it already."""
+    started = time.perf_counter()
+    plan = evaluate(graph, ()) if empty is None else empty
+    return _reported(plan, OPTIMAL, None, started, "nothing to checkpoint: the step fits as it is")
 
 
 def _worst_events(rows, taken: set[int], budget: int) -> list[int]:
