@@ -64,7 +64,7 @@ class NativePlan(Plan):
             f"{'iteration' if self.optimizer else 'step'}; parameters, buffers, inputs and saved RNG states "
             f"{'and the optimizer state ' if self.optimizer else ''}take {format_bytes(self.fixed_bytes)}",
             f"Predicted peak:    {format_bytes(self.predicted_peak_bytes)}, without checkpointing "
-            f"{format_bytes(self.unplanned_peak_bytes)} ({saving:.1%} less)",
+            f"{format_bytes(self.unplanned_peak_bytes)}" + (f" ({saving:.1%} less)" if saving > 0 else ""),
         ]
         if self.optimizer:
             lines.append(f"Optimizer:         {self.optimizer}: state {format_bytes(self.optimizer_state_bytes)} held "

@@ -338,3 +338,6 @@ def test_a_step_that_fits_as_it_is_is_the_optimal_native_plan():
     assert plan.status == "optimal", plan.schedule.info
     solver_line = plan.summary().split("Solver:")[1].splitlines()[0]
     assert "optimal" in solver_line and solver_line.count("nothing to checkpoint") == 1, solver_line
+    peak_line = plan.summary().split("Predicted peak:")[1].splitlines()[0]
+    saving = 1 - plan.predicted_peak_bytes / plan.unplanned_peak_bytes
+    assert ("less" in peak_line) == (saving > 0), peak_line  # never "(-0.4% less)"
