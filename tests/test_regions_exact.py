@@ -15,7 +15,6 @@ import pytest
 
 from solvers import Infeasible, simulate, solve
 from solvers.native import build_menu, build_rows, solve_regions_exact
-from solvers.native.dominance import dominated_choices
 from solvers.native.method import RegionSchedule
 from solvers.regions import SAVE_POLICIES, RegionModel, evaluate, plan_regions, region_costs
 from test_regions import block_chain, dropout_blocks
@@ -209,44 +208,6 @@ def test_each_row_is_the_memory_at_its_event(gpt2_op_graph):
                     assert row_value(rows, plan, *written) == memory[event], (menu.choices[d], event)
                     twins += 1
     assert twins > 100
-
-
-def plans_taking(menu, choice: int, count: int, seed: int):
-    """``count`` random plans of ``menu`` that take ``choice``."""
-    rng = random.Random(seed)
-    for _ in range(count):
-        order = [c for c in range(len(menu.choices)) if not menu.overlapping(c, choice)]
-        rng.shuffle(order)
-        plan = [choice]
-        for c in order[: rng.randint(0, len(order))]:
-            if all(not menu.overlapping(c, d) for d in plan):
-                plan.append(c)
-        yield sorted(plan)
-
-
-@pytest.mark.parametrize("source", ["gpt2", "chain"])
-def test_a_dominated_choice_swapped_for_its_dominator_costs_and_holds_no_more(source, gpt2_op_graph):
-    """solvers/native/dominance.py: in plans that take a dominated choice, its dominator in its place
-    gives a plan (disjoint regions) whose simulated peak and step are no greater."""
-    if source == "gpt2":
-        graph, candidates, _ = gpt2_op_graph
-    else:
-        graph, candidates = block_chain(blocks=5, ops=4, seed=3), None
-    model = RegionModel(graph)
-    menu = build_menu(graph, candidates, {}, tuple(SAVE_POLICIES), model)
-    rows = build_rows(graph, menu, model)
-    dominated = dominated_choices(rows)
-    assert len(dominated) >= 5, len(dominated)
-    swaps = 0
-    for a, b in dominated.items():
-        for plan in plans_taking(menu, a, 6, seed=a):
-            swapped = sorted({*plan, b} - {a})
-            assert all(not menu.overlapping(c, d) for c in swapped for d in swapped if c != d)
-            peak, cost = model.peak_and_cost([menu.choices[c] for c in plan])
-            swapped_peak, swapped_cost = model.peak_and_cost([menu.choices[c] for c in swapped])
-            assert swapped_peak <= peak and swapped_cost <= cost * (1 + 1e-12), (menu.choices[a], menu.choices[b])
-            swaps += 1
-    assert swaps >= 30
 
 
 # -- against brute force ----------------------------------------------------------------------------------------

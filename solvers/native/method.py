@@ -33,7 +33,6 @@ from ..regions.region_model import RegionModel
 from ..regions.search import plan_regions
 from ..schedule import FEASIBLE, OPTIMAL, Schedule, SolverInfo
 from ..store_all import store_all_schedule
-from .dominance import dominated_choices
 from .menu import Menu, build_menu
 from .milp import RegionMilp
 from .peak_rows import build_rows
@@ -221,11 +220,6 @@ def solve_regions_exact(graph: nx.DiGraph, budget_bytes: int, candidates: Sequen
     if start is not None and best is None:  # a region the menu lacks: keep the heuristic's plan as it is
         return _reported(evaluate(graph, start), FEASIBLE, None, started,
                          "the heuristic's plan (a region outside the exact method's menu)")
-    dominated = dominated_choices(rows)
-    clock.check(METHOD, "finding the dominated choices")
-    milp.leave_out(dominated)
-    if best is not None:  # the start with each dominated choice swapped for its dominator: as cheap, fits as well
-        best = {dominated.get(c, c) for c in best}
     for event in _worst_events(rows, set(), budget_bytes):
         milp.add_event(event)
     search = _search(milp, rows, model, budget_bytes, clock, best)

@@ -123,14 +123,6 @@ class RegionMilp:
         unit = float(max(self.budget, 1))
         self._add_row({c: a / unit for c, a in terms.items() if a}, -highspy.kHighsInf, limit / unit)
 
-    def leave_out(self, choices) -> None:
-        """Fix the columns of ``choices`` (indices) to 0: plans without them (dominated choices,
-        solvers/native/dominance.py)."""
-        columns = np.array(sorted(choices), dtype=np.int32)
-        if len(columns):
-            zeros = np.zeros(len(columns))
-            self.highs.changeColsBounds(len(columns), columns, zeros, zeros)
-
     def exclude(self, taken: set[int]) -> None:
         """A no-good cut: the next incumbent differs from ``taken`` in some choice."""
         import highspy
