@@ -11,8 +11,9 @@ un-checkpointed step on an H200: docs/benchmarks/cuda-bounded.md), and the mask 
 kernel, so the graph priced was not the one eager runs.
 
 :func:`unpacked_positions_as_eager` answers "not packed" while the model's forward is traced, where
-that is eager's answer at every call: the caller gave no ``position_ids`` (the model makes them from
-``arange``). Given ``position_ids`` (packed sequences, say) are left to transformers: its traced
+that is eager's answer at every call: a transformers model called without ``position_ids`` (it makes
+them from ``arange``). Given ``position_ids`` (packed sequences, say), or a model of the user's that
+wraps a transformers one (it may pass positions of its own), are left to transformers: its traced
 mask is then the packed one, correct at every call. Nothing is imported: a process without
 transformers loaded is left alone.
 """
@@ -28,7 +29,11 @@ import torch
 
 
 def positions_given(model: torch.nn.Module, args: tuple, kwargs: dict) -> bool:
-    """Whether the call passes ``position_ids`` (True where the signature cannot say)."""
+    """Whether the call may pass ``position_ids`` on to transformers: True unless ``model`` is a
+    transformers model called without them (a wrapper of one may make its own, packed ones, which
+    it does not show here; True also where the signature cannot say)."""
+    if not type(model).__module__.startswith("transformers."):
+        return True
     try:
         bound = inspect.signature(model.forward).bind_partial(*args, **kwargs)
     except (TypeError, ValueError):

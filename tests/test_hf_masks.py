@@ -50,3 +50,19 @@ def test_given_positions_are_left_to_transformers(attention_calls):
     inputs["position_ids"] = torch.arange(64).expand(2, 64)
     profiler.profile(model, inputs, loss_fn=hf_loss, granularity="op", fuse_loss=False)
     assert [c[:2] for c in attention_calls if c[2]] == [(True, False)]
+
+
+def test_a_wrapper_of_a_transformers_model_is_left_to_transformers(attention_calls):
+    """A model of the user's around a transformers one may pass packed positions it makes itself:
+    not eager's answer to assume there, the mask transformers traces stays (correct at every call)."""
+    class Wrapper(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = gpt2(layers=1, embd=32, heads=2, vocab=100, positions=64)
+
+        def forward(self, input_ids, labels):
+            return self.inner(input_ids=input_ids, labels=labels)
+
+    inputs = gpt2_inputs(batch=2, tokens=64, vocab=100)
+    profiler.profile(Wrapper(), inputs, loss_fn=hf_loss, granularity="op", fuse_loss=False)
+    assert [c[:2] for c in attention_calls if c[2]] == [(True, False)]
