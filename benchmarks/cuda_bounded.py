@@ -35,8 +35,11 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
+sys.path.append(os.path.join(ROOT, "tests"))  # tests/iterations.py: the nanoGPT-like loop the CPU tests train
 
 import torch  # noqa: E402
+
+from iterations import nanogpt_adamw  # noqa: E402
 
 MiB = 2**20
 # A GPT-2 whose activations dwarf its parameters (vocabulary 1000), with layers enough that one
@@ -99,14 +102,9 @@ def _peak_of(fn, device: str, model=None, inputs=None):
     return result[0], resident_bytes(model, list(inputs.values())) + peak
 
 
-def _adamw(model):
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.dim() < 2]
-    return torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
-                             lr=6e-4, betas=(0.9, 0.95))
-
-
 def _iterations(model, optimizer, inputs, count: int = 3) -> list[float]:
+    """``count`` iterations, the output dropped once its loss is read (as the published run did;
+    tests/iterations.py's train_step holds it through the backward, as nanoGPT does)."""
     losses = []
     for _ in range(count):
         loss = model(**inputs).loss
@@ -121,7 +119,7 @@ def case_unplanned(device: str, **_) -> dict:
     model, inputs = _model_and_inputs(device)
     _, step_peak = _peak_of(lambda: model(**inputs).loss.backward(), device, model, inputs)
     model.zero_grad(set_to_none=True)
-    losses, iteration_peak = _peak_of(lambda: _iterations(model, _adamw(model), inputs), device, model, inputs)
+    losses, iteration_peak = _peak_of(lambda: _iterations(model, nanogpt_adamw(model), inputs), device, model, inputs)
     return dict(step_peak=step_peak, iteration_peak=iteration_peak, losses=losses)
 
 
@@ -147,7 +145,7 @@ def case_plan(device: str, cap: int, budget: int, scratch: str, **_) -> dict:
     gc.collect()
     plan = planner.load(path)
     planner.apply(model, plan)
-    losses, iteration_peak = _peak_of(lambda: _iterations(model, _adamw(model), inputs), device, model, inputs)
+    losses, iteration_peak = _peak_of(lambda: _iterations(model, nanogpt_adamw(model), inputs), device, model, inputs)
     remove_native(model)
     try:
         model(**inputs).loss.backward()
