@@ -14,7 +14,7 @@ from .autocast import describe as describe_autocast
 from .budget import format_bytes
 from .planchecks import native_figures_problem, overlapping_regions
 from .planfile import FORMAT as PLAN_FORMAT
-from .planfile import Plan, PlanFileError, _list, _text, _whole
+from .planfile import Plan, PlanFileError, _list, _text, _whole, held_throughout
 from .unrestricted import class_cost_words
 
 NATIVE_FORMAT = "plan-checkpoints/native/1"
@@ -61,7 +61,7 @@ class NativePlan(Plan):
             f"Model:             {self.model or '?'}; inputs {', '.join(self.inputs) or '?'}",
             "Executor:          native (torch.utils.checkpoint on the model's own modules)",
             f"Budget:            {format_bytes(self.budget_bytes)} ({self.budget_text}{of_predicted}) for the whole "
-            f"{'iteration' if self.optimizer else 'step'}; parameters, buffers, inputs and saved RNG states "
+            f"{'iteration' if self.optimizer else 'step'}; {held_throughout(self.graph)} "
             f"{'and the optimizer state ' if self.optimizer else ''}take {format_bytes(self.fixed_bytes)}",
             f"Predicted peak:    {format_bytes(self.predicted_peak_bytes)}, without checkpointing "
             f"{format_bytes(self.unplanned_peak_bytes)}" + (f" ({saving:.1%} less)" if saving > 0 else ""),

@@ -43,6 +43,14 @@ MAX_PLAN_FILE_BYTES = 2**30  # a 10,000-node plan is a few MiB
 STATUSES = ("optimal", "optimal-in-order", "feasible", "heuristic")  # solvers.schedule.STATUSES
 
 
+def held_throughout(graph: nx.DiGraph) -> str:
+    """What a plan's ``fixed_bytes`` are, in words: on CUDA they count cuBLAS's workspaces too
+    (profiler/library_memory.py)."""
+    if int(graph.graph.get("library_bytes", 0)):
+        return "parameters, buffers, inputs, saved RNG states and cuBLAS's workspaces"
+    return "parameters, buffers, inputs and saved RNG states"
+
+
 @dataclass
 class Plan:
     """A solved plan. Byte figures are of the whole training step (``fixed_bytes`` included:
@@ -120,7 +128,7 @@ class Plan:
             f"Solver:            {info.method} ({status}) in {info.solve_seconds:.2f} s"
             + (f"; {info.message}" if info.message else ""),
             f"Budget:            {format_bytes(self.budget_bytes)} ({self.budget_text}) for the whole step; "
-            f"parameters, buffers, inputs and saved RNG states take {format_bytes(self.fixed_bytes)}",
+            f"{held_throughout(self.graph)} take {format_bytes(self.fixed_bytes)}",
             f"Predicted peak:    {format_bytes(self.predicted_peak_bytes)}, without checkpointing "
             f"{format_bytes(self.unplanned_peak_bytes)} ({saving:.1%} less)"
             if saving >= 0 else
@@ -396,7 +404,7 @@ def graph_from_dict(data: dict) -> nx.DiGraph:
         for name in ("cost", "checkpoint_overhead"):
             if name in attributes:
                 _seconds(attributes[name], f"node {node!r:.40} {name}")
-    for name in ("loss_value_bytes", "fixed_bytes"):
+    for name in ("loss_value_bytes", "fixed_bytes", "library_bytes"):
         if name in graph.graph:
             _whole(graph.graph[name], f"graph.attributes.{name}")
     return graph

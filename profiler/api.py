@@ -17,6 +17,7 @@ from .costgraph import build_cost_graph
 from .fusions import recompute_log_probs, recomputed_times
 from .grouping import Grouping, group_graph
 from .inputs import normalise_inputs
+from .library_memory import step_library_bytes
 from .measure import OpTimes, time_ops
 from .oom import reported_out_of_memory
 
@@ -75,7 +76,7 @@ class Profile:
         if key not in self.regrouped:
             grouping, label = choose_grouping(self.joint, granularity)
             graph = build_cost_graph(self.joint, grouping, self.times)
-            _annotate(graph, self.device, label)
+            _annotate(graph, self.device, label, self.times)
             self.regrouped[key] = Profile(graph, self.joint, grouping, self.times, label, self.device, self.seconds)
         return self.regrouped[key]
 
@@ -92,7 +93,7 @@ class Profile:
         times = recomputed_times(joint, self.times)
         grouping, label = choose_grouping(joint, self.granularity)
         graph = build_cost_graph(joint, grouping, times)
-        _annotate(graph, self.device, label)
+        _annotate(graph, self.device, label, times)
         return Profile(graph, joint, grouping, times, label, self.device, self.seconds)
 
     def finer(self) -> list[Profile]:
@@ -155,7 +156,11 @@ def _module_depth(joint: JointGraph) -> int:
     )
 
 
-def _annotate(graph: nx.DiGraph, device: str, granularity: str) -> None:
+def _annotate(graph: nx.DiGraph, device: str, granularity: str, times: OpTimes) -> None:
+    # The libraries' workspaces are held throughout, like the parameters (the fingerprint leaves
+    # them out: the runtime computes it again from a trace, without any measurement).
+    graph.graph["library_bytes"] = int(times.library_bytes)
+    graph.graph["fixed_bytes"] = int(graph.graph["fixed_bytes"]) + int(times.library_bytes)
     graph.graph["device"] = device
     graph.graph["granularity"] = granularity
     graph.graph["torch_version"] = torch.__version__
@@ -171,7 +176,7 @@ def least_times(profiles: list[Profile]) -> Profile:
     seconds = {name: min(p.times.seconds[name] for p in profiles) for name in first.times.seconds}
     times = replace(first.times, seconds=seconds)
     graph = build_cost_graph(first.joint, first.grouping, times)
-    _annotate(graph, first.device, first.granularity)
+    _annotate(graph, first.device, first.granularity, times)
     return Profile(graph, first.joint, first.grouping, times, first.granularity, first.device, first.seconds)
 
 
@@ -232,8 +237,10 @@ def profile(
         if times_cache is not None:
             times_cache.store(key, CachedTimes(times, float(joint.loss.seconds)))
     del tangents
+    # Measured each time (cheap), not cached: what the libraries keep depends on the process's GPU.
+    times = replace(times, library_bytes=step_library_bytes(joint.graph_module, device))
     graph = build_cost_graph(joint, grouping, times)
-    _annotate(graph, device, label)
+    _annotate(graph, device, label, times)
     return Profile(graph, joint, grouping, times, label, device, time.perf_counter() - started)
 
 

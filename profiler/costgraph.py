@@ -196,7 +196,10 @@ def fingerprint(graph: nx.DiGraph) -> str:
             int(workspace), bool(data.get("output", False)), bool(data.get("pinned", False)),
         ])
     entries.sort()
-    identity = {"nodes": entries, "fixed_bytes": graph.graph.get("fixed_bytes", 0)}
+    # The libraries' workspaces (profiler/library_memory.py) are measured, not traced: a graph the
+    # runtime rebuilds from a trace alone has none.
+    traced_fixed_bytes = int(graph.graph.get("fixed_bytes", 0)) - int(graph.graph.get("library_bytes", 0))
+    identity = {"nodes": entries, "fixed_bytes": traced_fixed_bytes}
     if graph.graph.get(LOG_PROBS_RECOMPUTED):  # a different trace of the step, even where the sizes agree
         identity[LOG_PROBS_RECOMPUTED] = True
     text = json.dumps(identity, sort_keys=True)

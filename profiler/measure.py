@@ -58,6 +58,9 @@ class OpTimes:
     # warm-up held at most, the placeholders included. 0 unbounded.
     held_bound_bytes: int = 0
     measured_held_bytes: int = 0
+    # Bytes CUDA libraries keep allocated while the step trains (cuBLAS's workspaces:
+    # profiler/library_memory.py), held like the parameters; 0 on CPU. Set by profiler.profile.
+    library_bytes: int = 0
 
 
 def _is_buffer_mutation(node: fx.Node) -> bool:

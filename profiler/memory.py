@@ -20,14 +20,17 @@ import torch.utils._pytree as pytree
 from .allocations import allocated_while
 from .capture import autocast_disabled, default_loss
 from .inputs import normalise_inputs
+from .library_memory import clear_cublas_workspaces
 from .state import cuda_devices, preserved_state
 
 
 @dataclass(frozen=True)
 class StepMeasurement:
     """``peak_bytes``: resident bytes at the start of the step (``resident_bytes``: parameters,
-    buffers, inputs) plus the largest amount the step allocated on top of them (``step_peak_bytes``).
-    ``seconds``: median wall time of ``runs`` steps after one warm-up step."""
+    buffers, inputs), what the warm-up step left allocated beyond its tensors (``library_bytes``:
+    on CUDA, cuBLAS's workspaces, profiler/library_memory.py) plus the largest amount the step
+    allocated on top of them (``step_peak_bytes``). ``seconds``: median wall time of ``runs`` steps
+    after one warm-up step."""
 
     peak_bytes: int
     resident_bytes: int
@@ -35,6 +38,7 @@ class StepMeasurement:
     seconds: float
     runs: int
     device: str
+    library_bytes: int = 0
 
 
 def resident_bytes(model: torch.nn.Module, tensors=()) -> int:
@@ -97,10 +101,16 @@ def measure_step(model: torch.nn.Module, example_inputs, loss_fn: Callable | Non
     guard = preserved_state(model, devices) if preserve_state else _nothing()
     with guard:
         torch.clear_autocast_cache()  # casts cached before the step (see _training_step)
+        if devices:  # the warm-up allocates the workspaces again, as a training run's first step does
+            clear_cublas_workspaces()
+            before_warm_up = torch.cuda.memory_allocated(devices[0])
         if warm_up or devices:
             step()  # warm-up: lazy initialisation, allocator caches
         for p in model.parameters():
             p.grad = None
+        # What the warm-up left allocated is held by every later step (cuBLAS's workspaces); the
+        # measured step's own peak is above it.
+        library = max(0, torch.cuda.memory_allocated(devices[0]) - before_warm_up) if devices else 0
         resident = resident_bytes(model, tensors)
         step_peak, _ = allocated_while(step, devices[0] if devices else None)
         times = []
@@ -111,7 +121,7 @@ def measure_step(model: torch.nn.Module, example_inputs, loss_fn: Callable | Non
             sync()
             times.append(time.perf_counter() - start)
     seconds = statistics.median(times) if times else float("nan")
-    return StepMeasurement(resident + step_peak, resident, step_peak, seconds, repeats, device)
+    return StepMeasurement(resident + library + step_peak, resident, step_peak, seconds, repeats, device, library)
 
 
 class _nothing:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 
 import torch
 import torch.utils._pytree as pytree
@@ -29,6 +30,7 @@ from .capture import capture
 from .costgraph import build_cost_graph
 from .errors import CaptureError, ModelCallError, first_line
 from .inputs import normalise_inputs
+from .library_memory import step_library_bytes
 from .loss import LossInfo, default_loss, run_planning_loss
 from .opwise import real_like, time_ops_one_at_a_time
 
@@ -120,8 +122,9 @@ def meta_profile(model: torch.nn.Module, example_inputs, loss_fn: Callable | Non
         joint, _ = capture(model, args, kwargs, loss=loss, fuse_loss=False)
     grouping, label = choose_grouping(joint, granularity)
     times = time_ops_one_at_a_time(joint.graph_module, repeats=repeats)
+    times = replace(times, library_bytes=step_library_bytes(joint.graph_module, device))
     graph = build_cost_graph(joint, grouping, times)
-    _annotate(graph, str(device), label)
+    _annotate(graph, str(device), label, times)
     return Profile(graph, joint, grouping, times, label, str(device), time.perf_counter() - started)
 
 
