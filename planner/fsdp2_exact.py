@@ -1,8 +1,9 @@
 """A native plan for per-block FSDP2 whose per-rank peak is exact: the search counts FSDP2 by its
 upper bound (planner/sharding.py ``fsdp2_bytes``); each plan it finds is priced exactly
 (planner/fsdp2_timeline.py), and the search is asked again with the budget moved by what the bound
-over-counted, or by what the exact peak is over (at most :data:`REPAIRS` times; a plan within the
-budget by the bound is within it exactly). Bytes throughout; one rank's step.
+over-counted, or by what the exact peak is over (planner/repair.py's loop, the exact peak standing
+for a measurement: at most :data:`REPAIRS` times; a plan within the budget by the bound is within it
+exactly). Bytes throughout; one rank's step.
 
 Used for a model on the meta device (planner/sharded.py, on its meta profile) and for a
 materialised model planned with ``distributed="fsdp2"`` (:func:`plan_fsdp2`, on the native
@@ -31,11 +32,12 @@ from .fsdp2_timeline import fsdp2_peak_bytes
 from .native import plan_native
 from .native_plan import NativePlan
 from .planchecks import MODELLED_REGIONS
+from .repair import Repair, lower_by_excess, measure_and_repair, starting_at
 from .native_request import native_profile
 from .native_solve import rng_bytes
 from .sharding import FSDP2, refuse_wrapped, resolve_fsdp2, wrapper_bytes
 
-REPAIRS = 3  # re-solves after the exact per-rank peak came out over the budget
+REPAIRS = 3  # re-solves after the exact per-rank peak came out over the budget (planner/repair.py's loop)
 LEAST_SLACK = 1000  # the bound's least plan is searched for at its least plus this fraction of it
 
 
@@ -77,30 +79,39 @@ def exact_fsdp2_plan(model: torch.nn.Module, example_inputs, budget: Budget, pro
     searched = replace(profile.regroup("op"), graph=sharded_gradients_graph(op_graph, model, spec))
     search_unplanned = evaluate(searched.graph, ()).outcome.peak_bytes
     over_counted = held + wrapper_bytes(model, spec) + search_unplanned - unplanned_peak
-    target = budget_bytes + max(over_counted, 0)
-    least = None  # the exact peak of the least plan by the bound, once tried
-    for _ in range(REPAIRS + 2):
-        try:
-            plan = plan_native(model, example_inputs, Budget(bytes=target), loss_fn=loss_fn, time_limit=time_limit,
-                               profile=searched, measure=False, distributed=spec, policies=policies)
-        except Infeasible as error:
-            if least is not None:  # the least plan by the bound was tried already
-                raise _below_least(budget, budget_bytes, None) from None
-            if error.min_budget is not None:  # the bound's least plan: priced exactly below
-                # A hair above: at exactly its own least the search refused a 16-layer Llama again.
-                target, least = error.min_budget + error.min_budget // LEAST_SLACK, 0
-            elif target > budget_bytes:  # no least named: the user's budget by the bound, whose plans fit exactly
-                target = budget_bytes
-            else:
-                raise _below_least(budget, budget_bytes, None) from None
-            continue
-        priced = evaluate(_whole_gradients(searched.graph, op_graph), plan.regions)
-        exact = fsdp2_peak_bytes(priced.graph, priced.schedule, model, spec, held + rng_bytes(plan.regions, cuda_devices([*model.parameters()])))
-        if exact <= budget_bytes:
-            return _with_exact_figures(plan, priced, budget, budget_bytes, unplanned_peak, exact)
-        if least == 0:  # the least plan is over the budget exactly too
-            raise _below_least(budget, budget_bytes, exact)
-        target -= exact - budget_bytes
+    devices = cuda_devices([*model.parameters()])
+    priced_plans: dict[int, RegionPlan] = {}  # id(plan) -> the plan priced on the step's own sizes
+
+    def solve(target: int) -> NativePlan:
+        return plan_native(model, example_inputs, Budget(bytes=target), loss_fn=loss_fn, time_limit=time_limit,
+                           profile=searched, measure=False, distributed=spec, policies=policies)
+
+    def exact_peak(plan: NativePlan) -> int:  # the repair loop's "measurement": the exact per-rank peak
+        priced = priced_plans[id(plan)] = evaluate(_whole_gradients(searched.graph, op_graph), plan.regions)
+        return fsdp2_peak_bytes(priced.graph, priced.schedule, model, spec, held + rng_bytes(plan.regions, devices))
+
+    def repaired_from(first_target: int, attempts: int) -> Repair[NativePlan]:
+        return measure_and_repair(solve, exact_peak, budget_bytes, starting_at(first_target, lower_by_excess),
+                                  max_attempts=attempts)
+
+    # The search counts FSDP2 by its bound: asked first for the budget plus what the bound over-counts
+    # on the un-checkpointed step, then lowered by what each plan's exact peak is over.
+    repair = repaired_from(budget_bytes + max(over_counted, 0), REPAIRS + 1)
+    if repair.refusal is not None and repair.refusal.min_budget is None and repair.refused_target_bytes > budget_bytes:
+        repair = repaired_from(budget_bytes, REPAIRS + 1)  # the user's budget by the bound, whose plans fit exactly
+    if repair.refusal is not None and repair.refusal.min_budget is not None:
+        # The bound's least plan, priced exactly; asked a hair above its least (at exactly its own
+        # least the search refused a 16-layer Llama again).
+        least = repair.refusal.min_budget
+        repair = repaired_from(least + least // LEAST_SLACK, 1)
+        if repair.fitting is None:
+            raise _below_least(budget, budget_bytes, repair.last.measured_bytes if repair.last else None)
+    if repair.fitting is not None:
+        fitted = repair.fitting
+        return _with_exact_figures(fitted.plan, priced_plans[id(fitted.plan)], budget, budget_bytes, unplanned_peak,
+                                   fitted.measured_bytes)
+    if repair.refusal is not None:
+        raise _below_least(budget, budget_bytes, None)
     raise Infeasible(f"budget {budget} ({format_bytes(budget_bytes)} per rank): the plans the search found within "
                      "it by FSDP2's upper bound came out over it exactly; try a larger budget",
                      min_budget=None, method="regions")

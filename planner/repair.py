@@ -10,6 +10,8 @@ callers give the rule:
 
 - :func:`lower_by_excess` (native plans): the last target lowered by the measured excess over the budget;
 - :func:`lower_by_miss_and_excess` (traced plans on CUDA): lowered by what the prediction missed too;
+- :func:`starting_at` either of them from another first target (planner/fsdp2_exact.py: the budget
+  plus what FSDP2's upper bound over-counts, each plan "measured" by its exact per-rank peak);
 - the compiled search's safeguarded secant over a bracket of eager targets (planner/compiled.py).
 
 Stopping rules, all in bytes (the loop stops at the first that holds):
@@ -127,4 +129,14 @@ def lower_by_miss_and_excess(predicted_bytes: Callable[[P], int]) -> NextTarget:
     return next_target
 
 
-__all__ = ["Attempt", "NextTarget", "Repair", "lower_by_excess", "lower_by_miss_and_excess", "measure_and_repair"]
+def starting_at(first_target_bytes: int, rule: NextTarget) -> NextTarget:
+    """``rule``, but for its first target: ``first_target_bytes``."""
+
+    def next_target(attempts: Sequence[Attempt], budget_bytes: int) -> int | None:
+        return first_target_bytes if not attempts else rule(attempts, budget_bytes)
+
+    return next_target
+
+
+__all__ = ["Attempt", "NextTarget", "Repair", "lower_by_excess", "lower_by_miss_and_excess", "measure_and_repair",
+           "starting_at"]

@@ -64,3 +64,21 @@ def test_materialised_plan_predicts_each_ranks_peak_exactly(planned):
         assert measured["peak"] <= made.budget_bytes, (rank, measured, made.budget_bytes)
         assert abs(measured["peak"] - made.predicted_peak_bytes) <= 0.03 * made.predicted_peak_bytes, \
             (rank, measured, made.predicted_peak_bytes)
+
+
+def test_a_budget_below_the_least_plan_is_refused_with_the_least_and_the_least_plans():
+    """The refusal path of the repair loop: the search refuses the budget and names its least by the
+    bound; that least plan is priced exactly, and its exact per-rank peak is the least offered."""
+    from planner.budget import Budget, parse_budget
+    from planner.fsdp2_exact import plan_fsdp2
+    from planner.native_request import native_profile
+    from solvers import Infeasible
+
+    model = real_model()
+    profile = native_profile(model, batch(0, 0), loss, granularity="op")
+    with pytest.raises(Infeasible) as refused:
+        plan_fsdp2(model, batch(0, 0), parse_budget("5%"), loss_fn=loss, distributed=FSDP2(WORLD), profile=profile)
+    least = refused.value.min_budget
+    assert least is not None and "under FSDP2" in str(refused.value), str(refused.value)
+    made = plan_fsdp2(model, batch(0, 0), Budget(bytes=least), loss_fn=loss, distributed=FSDP2(WORLD), profile=profile)
+    assert made.regions and made.predicted_peak_bytes <= least
