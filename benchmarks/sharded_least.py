@@ -22,9 +22,9 @@ from native_sharded import batch, llama  # noqa: E402
 
 def every_layer_peaks(shape: dict, world: int) -> tuple[int, int]:
     """(un-checkpointed, every decoder layer checkpointed): one rank's exact peak (bytes)."""
-    from planner.fsdp2_exact import _rng_bytes
     from planner.fsdp2_timeline import fsdp2_peak_bytes
     from planner.native import FSDP2
+    from planner.native_solve import rng_bytes
     from profiler.meta import meta_profile
     from solvers.regions import evaluate
 
@@ -34,7 +34,7 @@ def every_layer_peaks(shape: dict, world: int) -> tuple[int, int]:
     peaks = []
     for regions in ((), tuple(f"model.layers.{i}" for i in range(shape["layers"]))):
         solved = evaluate(graph, regions)
-        peaks.append(fsdp2_peak_bytes(solved.graph, solved.schedule, model, FSDP2(world), held + _rng_bytes(regions)))
+        peaks.append(fsdp2_peak_bytes(solved.graph, solved.schedule, model, FSDP2(world), held + rng_bytes(regions, [])))
     return peaks[0], peaks[1]
 
 

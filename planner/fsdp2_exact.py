@@ -27,7 +27,7 @@ from solvers.schedule import Schedule
 
 from .bounded import check_within_device, profiling_bound
 from .budget import Budget, format_bytes
-from .fsdp2_search import sharded_gradients_graph
+from .fsdp2_search import fsdp2_search_graph
 from .fsdp2_timeline import fsdp2_peak_bytes
 from .native import plan_native
 from .native_plan import NativePlan
@@ -74,9 +74,9 @@ def exact_fsdp2_plan(model: torch.nn.Module, example_inputs, budget: Budget, pro
     unplanned_peak = fsdp2_peak_bytes(unplanned.graph, unplanned.schedule, model, spec, held)
     budget_bytes = budget.resolve(unplanned_peak)
     check_within_device(budget, budget_bytes, device_memory)
-    # The search sees each unit's gradients as their shards (planner/fsdp2_search.py), its plans
-    # are priced on the step as the model runs it.
-    searched = replace(profile.regroup("op"), graph=sharded_gradients_graph(op_graph, model, spec))
+    # The search sees each unit's gradients as their shards, and FSDP2's buffers and the unit's whole
+    # gradients op by op (planner/fsdp2_search.py); its plans are priced on the step as it runs.
+    searched = replace(profile.regroup("op"), graph=fsdp2_search_graph(op_graph, model, spec))
     search_unplanned = evaluate(searched.graph, ()).outcome.peak_bytes
     over_counted = held + wrapper_bytes(model, spec) + search_unplanned - unplanned_peak
     devices = cuda_devices([*model.parameters()])
@@ -119,10 +119,11 @@ def exact_fsdp2_plan(model: torch.nn.Module, example_inputs, budget: Budget, pro
 
 def _whole_gradients(searched: nx.DiGraph, op_graph: nx.DiGraph) -> nx.DiGraph:
     """The search's graph (with what the search annotated on it: the checkpoint clock) with the
-    step's own sizes back, gradients whole."""
+    step's own sizes back: gradients whole, workspaces without FSDP2's."""
     whole = searched.copy()
     for node, data in whole.nodes(data=True):
         data["mem"] = op_graph.nodes[node]["mem"]
+        data["workspace"] = op_graph.nodes[node].get("workspace", 0)
     return whole
 
 

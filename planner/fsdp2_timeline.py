@@ -111,6 +111,29 @@ def fsdp2_peak_bytes(graph: nx.DiGraph, schedule, model: torch.nn.Module, spec: 
     """One rank's peak (bytes) when the step ``schedule`` runs on ``graph`` (a region plan's) under
     per-block FSDP2 ``spec``; ``held_bytes``: what the unsharded step holds besides its schedule
     (parameters whole, buffers, inputs, saved generator states). See the module docstring."""
+    return _walk(graph, schedule, model, spec, held_bytes).peak_bytes
+
+
+def fsdp2_buffers_by_op(graph: nx.DiGraph, schedule, model: torch.nn.Module, spec: FSDP2) -> dict:
+    """Computed node -> FSDP2's own buffers held while it runs (bytes: the gathered units, the kept or
+    prefetched flat all-gather output, the last reduce-scatter input; not the gradients' shards,
+    which a graph holds as gradient nodes), when ``schedule`` runs on ``graph`` (its last
+    computation, for a node computed twice)."""
+    return _walk(graph, schedule, model, spec, 0).buffers_by_op
+
+
+@dataclass(frozen=True)
+class _Walk:
+    """One rank's step under FSDP2: its ``peak_bytes`` (:func:`fsdp2_peak_bytes`) and FSDP2's own
+    buffers at each computation (:func:`fsdp2_buffers_by_op`)."""
+
+    peak_bytes: int
+    buffers_by_op: dict
+
+
+def _walk(graph: nx.DiGraph, schedule, model: torch.nn.Module, spec: FSDP2, held_bytes: int) -> _Walk:
+    """The schedule run step by step with FSDP2's hooks (the module docstring): the rank's peak, and
+    FSDP2's buffers at each computation (bytes)."""
     groups = sharded_groups(model, spec)
     steps = list(schedule)
     memory = simulate(graph, steps, record_memory=True).memory
@@ -128,11 +151,13 @@ def fsdp2_peak_bytes(graph: nx.DiGraph, schedule, model: torch.nn.Module, spec: 
     state = _Ranks({ROOT: root.gathered})
     peak = fixed + 2 * root.gathered  # the root's all-gather: its flat output beside its parameters
     state.flat = root.gathered
-    for index, (action, _) in enumerate(steps):
+    buffers = {}
+    for index, (action, node) in enumerate(steps):
         before = fixed + level_after(index - 1)
         peak = max(peak, _hooks_before(index, hooks, state, groups, before))
         if action == COMPUTE:
             peak = max(peak, fixed + memory[index] + state.extra())
+            buffers[node] = state.extra() - state.grads_replaced
         after = fixed + level_after(index)
         if index in hooks.ends:  # a unit's post-forward reshards
             state.unsharded[hooks.ends[index]] = 0
@@ -142,7 +167,7 @@ def fsdp2_peak_bytes(graph: nx.DiGraph, schedule, model: torch.nn.Module, spec: 
             name = hooks.backward_ends[index]
             peak = max(peak, _post_backward(state, name, groups[name], after))
     last = fixed + level_after(len(steps) - 1)
-    return max(peak, _post_backward(state, ROOT, root, last))
+    return _Walk(max(peak, _post_backward(state, ROOT, root, last)), buffers)
 
 
 @dataclass(frozen=True)
@@ -288,4 +313,4 @@ def _post_backward(state: _Ranks, name: str, group: ShardedGroup, level: int) ->
     return max(most, level + state.extra())
 
 
-__all__ = ["ShardedGroup", "fsdp2_peak_bytes", "sharded_groups"]
+__all__ = ["ShardedGroup", "fsdp2_buffers_by_op", "fsdp2_peak_bytes", "sharded_groups"]
