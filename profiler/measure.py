@@ -34,7 +34,7 @@ import torch.fx as fx
 import torch.utils._pytree as pytree
 
 from .allocations import cpu_allocations, cpu_memory_profile, replay
-from .prefault import prefault_sizes, touch_then_free
+from .prefault import prefault_sizes, prepare_outputs
 from .rematerialize import BoundedRun, BoundedStats
 from .state import cuda_devices, get_rng_state, set_rng_state
 
@@ -303,7 +303,7 @@ class _Timing:
         if sizes is None:
             sizes = self.prefault[node.name] = prefault_sizes(node)
         if sizes:
-            touch_then_free(sizes)  # the op's outputs on mapped pages, in a bounded run as in a whole one
+            prepare_outputs(sizes)  # the op's outputs on the pages a whole run gives them, in a bounded run too
         clock = _cpu_op_clock()
         start_time = clock()
         result = node.target(*args, **kwargs)

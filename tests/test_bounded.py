@@ -132,6 +132,23 @@ def test_ops_are_timed_on_mapped_memory_their_outputs_sizes_from_the_trace(gpt2_
     touch_then_free(prefault_sizes(logits))
 
 
+def test_an_output_above_any_mmap_threshold_lands_on_fresh_pages_in_either_run(monkeypatch):
+    """profiler/prefault.py: an output of 32 MiB or more is not touched first (the whole step maps
+    it afresh), and the heap's free pages are released before its op, so a bounded run, whose freed
+    values would hold it on touched pages, times it as the whole run does."""
+    import profiler.prefault as prefault
+
+    touched, released = [], []
+    monkeypatch.setattr(prefault, "touch_then_free", lambda sizes: touched.append(sizes))
+    monkeypatch.setattr(prefault, "release_free_heap_pages", lambda: released.append(True))
+    prefault.prepare_outputs((1 << 20, prefault.ALWAYS_MAPPED))
+    assert touched == [(1 << 20,)] and released == [True]
+    prefault.prepare_outputs((1 << 20,))
+    assert touched[-1] == (1 << 20,) and released == [True]  # nothing that large: the heap is left as it is
+    monkeypatch.undo()
+    prefault.release_free_heap_pages()  # glibc's malloc_trim here; a no-op without one
+
+
 # -- the device as a bound --------------------------------------------------------------------------
 def test_a_budget_above_the_device_is_refused_before_anything_runs():
     class Untouchable(torch.nn.Linear):
