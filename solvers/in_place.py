@@ -9,10 +9,11 @@ last attention, whose replay stops at its output dropout's multiply, was predict
 ``(4, 128, 384)`` float mask, high).
 
 profiler/lifetimes.py tags such an op (``in_place_of``: the forward op that made the version it
-overwrote). When that version is read by the in-place op alone, eager's buffer is the same: the
-op's ``workspace`` is lowered by the version's bytes, so that while it runs (held + mem +
-workspace) the buffer counts once; the version is freed right after it, and from then on the new
-value alone holds it. The same for its recomputed twin, which reads the twin of the version.
+overwrote). When that version is read by the in-place op alone, and the in-place op runs right
+after the op that made it (dropout's draw and scaling do), eager's buffer is one: the version's
+bytes move into its op's ``workspace`` (counted while that op runs, as solvers/extractions.py
+moves a model output's), so that from then on the in-place op's value alone holds them. The same
+for the recomputed twins, which run in the same order.
 """
 
 from __future__ import annotations
@@ -24,23 +25,26 @@ FORWARD_OP = "forward_op"
 
 
 def count_in_place_once(graph: nx.DiGraph) -> nx.DiGraph:
-    """``graph`` (a copy) with each in-place op's ``workspace`` lowered by the bytes of the version
-    it overwrote (see the module docstring); ``graph`` itself when it has none."""
-    lowered: dict = {}
+    """``graph`` (a copy) with the bytes of each version an in-place op overwrote moved into that
+    version's ``workspace`` (see the module docstring); ``graph`` itself when there is none."""
+    order = list(graph.nodes)
+    position = {v: i for i, v in enumerate(order)}
+    moved = []
     for v, data in graph.nodes(data=True):
-        if IN_PLACE_OF not in data:
+        if IN_PLACE_OF not in data or position[v] == 0:
             continue
-        overwritten = [p for p in graph.predecessors(v) if graph.nodes[p].get(FORWARD_OP) == data[IN_PLACE_OF]]
-        if len(overwritten) != 1:
-            continue
-        p = overwritten[0]
+        p = order[position[v] - 1]  # the version overwritten, made by the op right before
         version = graph.nodes[p]
-        if set(graph.successors(p)) != {v} or version.get("output") or version.get("pinned"):
-            continue  # read after the op, or held to the end: two buffers after all
-        lowered[v] = min(int(version["mem"]), int(data["mem"]))
-    if not lowered:
+        if version.get(FORWARD_OP) != data[IN_PLACE_OF] or set(graph.successors(p)) != {v}:
+            continue  # made earlier, or read after the op: two buffers after all
+        if version.get("output") or version.get("pinned"):
+            continue
+        moved.append(p)
+    if not moved:
         return graph
     graph = graph.copy()
-    for v, bytes_ in lowered.items():
-        graph.nodes[v]["workspace"] = int(graph.nodes[v].get("workspace", 0)) - bytes_
+    for p in moved:
+        data = graph.nodes[p]
+        data["workspace"] = int(data.get("workspace", 0)) + int(data["mem"])
+        data["mem"] = 0
     return graph

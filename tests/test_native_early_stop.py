@@ -114,17 +114,30 @@ def test_the_replay_holds_what_the_program_holds_where_it_stops():
     assert evaluate(dropped, ("r",)).outcome.peak_bytes == 10 + 1 + 100 + 10_000
 
 
-def test_an_in_place_op_allocates_nothing():
-    """e = empty_like, n = e.bernoulli_() in place, e read by n alone: n's op lowers its workspace
-    by e's bytes, so that while it runs the buffer counts once. m, in place of n, which a later op
-    reads: not lowered."""
+def _in_place_chain(read_after: bool) -> nx.DiGraph:
+    """e = empty_like (64 B), n = e.bernoulli_(), m = n.div_(): one buffer in eager; ``later`` reads
+    m, and n too when ``read_after``."""
     graph = nx.DiGraph()
     _op(graph, "e", 64, ordinal=0)
     _op(graph, "n", 64, ordinal=1, in_place_of=0)
     _op(graph, "m", 64, ordinal=2, in_place_of=1)
-    _op(graph, "later", 1, ordinal=3)
-    graph.add_edges_from([("e", "n"), ("n", "m"), ("n", "later")])
+    _op(graph, "later", 1, ordinal=3, output=True)
+    graph.add_edges_from([("e", "n"), ("n", "m"), ("m", "later")] + ([("n", "later")] if read_after else []))
+    return graph
+
+
+def test_an_in_place_op_allocates_nothing():
+    """Each overwritten version's bytes move into its op's workspace: the chain peaks at one buffer
+    (and ``later``'s byte), where counted per op it was two. A version read after the op that
+    overwrote it (n, below) stays: two buffers after all."""
+    graph = _in_place_chain(read_after=False)
     counted = count_in_place_once(graph)
-    assert counted.nodes["n"]["workspace"] == -64
-    assert counted.nodes["m"]["workspace"] == 0  # n is read after m: two buffers after all
-    assert graph.nodes["n"]["workspace"] == 0  # the caller's graph is not changed
+    assert [(counted.nodes[v]["mem"], counted.nodes[v]["workspace"]) for v in "enm"] == [(0, 64), (0, 64), (64, 0)]
+    assert graph.nodes["e"]["mem"] == 64  # the caller's graph is not changed
+    assert evaluate(graph, ()).outcome.peak_bytes == 64 + 1  # evaluate counts them so
+    untagged = graph.copy()
+    for v in "nm":
+        del untagged.nodes[v]["in_place_of"]
+    assert evaluate(untagged, ()).outcome.peak_bytes == 64 + 64
+    kept = count_in_place_once(_in_place_chain(read_after=True))
+    assert [kept.nodes[v]["mem"] for v in "enm"] == [0, 64, 64]
