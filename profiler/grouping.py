@@ -27,8 +27,8 @@ import torch
 import torch.fx as fx
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from .lifetimes import LIFETIME_TAGS
 from .capture import TANGENT, JointGraph, is_buffer_mutation
+from .lifetimes import LIFETIME_TAGS
 from .storage import storage_bytes
 
 # Classes of exported values; a group or extraction node holds values of one class.
@@ -62,9 +62,9 @@ class Group:
     # The autograd node whose backward ran every unit (profiler/capture.py's tag), None when the
     # units are not all of one node (forward groups, coarse groupings).
     autograd_node: int | None = None
-    # A one-op forward group's ``custom`` tags from profiler/lifetimes.py: its op's ordinal in the
-    # forward, the autograd node it created, the last op its result was alive through (None: it
-    # outlived the forward, or unknown).
+    # A one-op group's tags from profiler/lifetimes.py: a forward op's ordinal, the autograd node it
+    # created, the last op its result was alive through (absent: it outlived the forward) and the
+    # version an in-place op overwrote; a backward op's autograd node's sequence number.
     lifetime: dict = field(default_factory=dict)
 
 
