@@ -37,6 +37,7 @@ from .errors import CaptureError, LossMismatch, TraceError, first_line
 from .errors import ModelCallError as ModelCallError  # re-exported: profiler/__init__.py imports it from here
 from .fusions import fuse_cross_entropy_backward
 from .inputs import InputLayout, input_layout
+from .lifetimes import AUTOGRAD_SEQ, ForwardLifetimes, tag_releases
 from .loss import LossInfo, run_planning_loss
 from .loss import default_loss as default_loss  # re-exported: the planner's default loss
 from .rnn import DECOMPOSITIONS as RNN_DECOMPOSITIONS
@@ -131,10 +132,12 @@ class _ModuleTagger:
         self.owner: dict[int, str] = {}  # autograd sequence number -> module name
         self.handles = []
 
-    def _set(self, module: str, phase: str, autograd_node: int | None = None) -> None:
+    def _set(self, module: str, phase: str, autograd_node: int | None = None, autograd_seq: int | None = None) -> None:
         tags = {"module": module, "phase": phase}
         if autograd_node is not None:
             tags["autograd_node"] = autograd_node
+        if autograd_seq is not None:  # the node's own number, which its forward op carries (profiler/lifetimes.py)
+            tags[AUTOGRAD_SEQ] = autograd_seq
         fx_traceback.current_meta["custom"] = tags
 
     def _pre(self, module, args):
@@ -172,10 +175,10 @@ class _ModuleTagger:
                 continue
             seen.add(node)
             module = self.owner.get(node._sequence_nr(), "")
-            number = len(seen)
+            number, seq = len(seen), node._sequence_nr()
 
-            def before(grad_outputs, module=module, number=number):
-                self._set(module, "backward", number)
+            def before(grad_outputs, module=module, number=number, seq=seq):
+                self._set(module, "backward", number, seq)
 
             def after(grad_inputs, grad_outputs, module=module):
                 # The engine releases the node's inputs and saved tensors here; what runs before the
@@ -298,6 +301,7 @@ class _JointStep:
         self.model, self.state, self.loss = model, state, loss
         self.tagger = _ModuleTagger(model)
         self.learnt = _Learnt()
+        self.lifetimes = ForwardLifetimes()
 
     def __call__(self, *flat):
         params, frozen, buffers, inputs, tangents = self.state.split(flat)
@@ -305,7 +309,9 @@ class _JointStep:
         call_args, call_kwargs = self.state.layout.unflatten(inputs)
         with _reparametrize_module(self.model, dict(zip(names, params + frozen + buffers)), tie_weights=True), \
                 unpacked_positions_as_eager(self.model, call_args, call_kwargs):
-            output = self.model.forward(*call_args, **call_kwargs)
+            with self.lifetimes:
+                output = self.model.forward(*call_args, **call_kwargs)
+            self.lifetimes.finish()
         outputs = self._tensor_outputs(output)
         differentiated = [outputs[i] for i in _checked_tangent_outputs(self.loss, len(outputs))]
         self.tagger.tag_backward([t.grad_fn for t in differentiated])
@@ -371,6 +377,7 @@ def _trace(step: _JointStep, flat_inputs: list[torch.Tensor]) -> fx.GraphModule:
                 torch._dynamo.config.patch(fake_tensor_cache_enabled=False):
             traced = make_fx(step, tracing_mode="fake", decomposition_table=_DECOMPOSITIONS)(*flat_inputs)
             draw_in_place_masks_like_eager(traced)  # before functionalization rewrites bernoulli_
+            tag_releases(traced, step.lifetimes)  # the second trace copies each node's tags
             with autocast_disabled():  # the first trace recorded autocast's casts; replay them as they are
                 return make_fx(torch.func.functionalize(_replay(traced), remove="mutations"),
                                tracing_mode="fake")(*flat_inputs)

@@ -141,6 +141,7 @@ def build_cost_graph(joint: JointGraph, grouping: Grouping, times: OpTimes) -> n
         )
         if group.autograd_node is not None:
             cost.nodes[group.id]["autograd_node"] = group.autograd_node
+        cost.nodes[group.id].update(group.lifetime)  # profiler/lifetimes.py's tags (solvers/regions/early_stop.py)
         for extraction in extractions_of.get(group.id, ()):
             cost.add_node(
                 extraction.id, cost=0.0, mem=int(_bytes_of(extraction.values, storages)), workspace=0,

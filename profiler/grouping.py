@@ -28,6 +28,7 @@ import torch.fx as fx
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from .capture import TANGENT, JointGraph, is_buffer_mutation
+from .lifetimes import LIFETIME_TAGS
 from .storage import storage_bytes
 
 # Classes of exported values; a group or extraction node holds values of one class.
@@ -61,6 +62,10 @@ class Group:
     # The autograd node whose backward ran every unit (profiler/capture.py's tag), None when the
     # units are not all of one node (forward groups, coarse groupings).
     autograd_node: int | None = None
+    # A one-op group's tags from profiler/lifetimes.py: a forward op's ordinal, the autograd node it
+    # created, the last op its result was alive through (absent: it outlived the forward) and the
+    # version an in-place op overwrote; a backward op's autograd node's sequence number.
+    lifetime: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -293,8 +298,17 @@ def _named_groups(runs: list[tuple[tuple, list[str]]], nodes: dict[str, fx.Node]
         autograd_nodes = {(nodes[u].meta.get("custom") or {}).get("autograd_node") for u in units}
         groups.append(Group(id=f"{prefix}:{module or '<root>'}#{k}", phase=phase, module=module, units=units,
                             random=any(is_random(nodes[u]) for u in units),
-                            autograd_node=autograd_nodes.pop() if len(autograd_nodes) == 1 else None))
+                            autograd_node=autograd_nodes.pop() if len(autograd_nodes) == 1 else None,
+                            lifetime=one_op_lifetime(nodes, units)))
     return groups
+
+
+def one_op_lifetime(nodes: dict[str, fx.Node], units: list[str]) -> dict:
+    """The lifetime tags (profiler/lifetimes.py) of a group of one op; none for several."""
+    if len(units) != 1:
+        return {}
+    tags = nodes[units[0]].meta.get("custom") or {}
+    return {key: tags[key] for key in LIFETIME_TAGS if key in tags}
 
 
 def _value_owners(groups: list[Group], nodes: dict[str, fx.Node], unit_of: dict[str, str]) -> dict[str, str]:

@@ -255,16 +255,18 @@ def _readers(model: RegionModel) -> list[list[int]]:
     return readers
 
 
-def _twin_intervals(model: RegionModel, axis: _Axis, c: int, recomputed, backward) -> list[tuple[int, int, int, int]]:
+def _twin_intervals(model: RegionModel, axis: _Axis, c: int, recomputed, backward,
+                    holds: dict[int, list[int]]) -> list[tuple[int, int, int, int]]:
     """Choice ``c``'s twins' own lifetimes, from their event to their last reader (a later twin, a
-    backward op), as (start, stop, bytes, choice)."""
+    backward op) or the later twin until which the region's program holds them (``holds``:
+    RegionModel.twin_holds), as (start, stop, bytes, choice)."""
     slots = axis.slot_at[c]
     if not slots:
         return []
     twin_index = {w: k for k, w in enumerate(recomputed)}
     last_twin = {w: slots[k] for w, k in twin_index.items()}
     for k, w in enumerate(recomputed):
-        for p in model.preds[w]:
+        for p in [*model.preds[w], *holds.get(w, ())]:
             if p in twin_index:
                 last_twin[p] = max(last_twin[p], slots[k])
     for b in backward:
@@ -274,7 +276,7 @@ def _twin_intervals(model: RegionModel, axis: _Axis, c: int, recomputed, backwar
     return [(slots[k] + 1, last_twin[w], model.mem[w], c) for w, k in twin_index.items() if last_twin[w] > slots[k]]
 
 
-def _choice_moves(trace: _Lifetimes, parts: list[tuple]) -> _Moves:
+def _choice_moves(trace: _Lifetimes, parts: list[tuple], holds: list[dict[int, list[int]]]) -> _Moves:
     """Every way each choice moves a result's readers: removed (backward ops reading the twin), added
     (a twin reading an input; the checkpoint holding what it holds to the region's last backward op)."""
     model, axis = trace.model, trace.axis
@@ -293,7 +295,7 @@ def _choice_moves(trace: _Lifetimes, parts: list[tuple]) -> _Moves:
         if backward:
             for v in held:
                 moves.add_reader(v, c, axis.at[backward[-1]])
-        moves.intervals += _twin_intervals(model, axis, c, recomputed, backward)
+        moves.intervals += _twin_intervals(model, axis, c, recomputed, backward, holds[c])
     return moves
 
 
@@ -368,7 +370,7 @@ def build_rows(graph: nx.DiGraph, menu: Menu, model: RegionModel | None = None) 
     parts = [model.parts(choice) for choice in menu.choices]  # (recomputed, backward, trigger, held, overhead)
     axis = _build_axis(model, parts)
     trace = _Lifetimes(model, axis, _readers(model))
-    moves = _choice_moves(trace, parts)
+    moves = _choice_moves(trace, parts, [model.twin_holds(choice) for choice in menu.choices])
     constant_change = np.zeros(axis.events + 1, dtype=np.int64)
     intervals = list(moves.intervals)
     shared: list[Shared] = []

@@ -11,11 +11,11 @@ tagged with the ``module`` that issued it and its ``kind``: forward, loss, backw
   it reads (the next module, or the backward of an op outside the region that saved it) is held as
   without checkpointing.
 - **Backward.** When the backward first unpacks a tensor the region saved, the region's forward is
-  run again, from its held inputs, with the random state of the first run, up to the op whose
-  result is the last one the backward needs (PyTorch's early stop). The recomputed results are new
-  tensors: the first run's result of an op may still be held (read by someone outside the region)
-  while its recomputed twin exists. Each recomputed result is released after the last backward op
-  that reads it.
+  run again, from its held inputs, with the random state of the first run, up to the op that
+  packs the last tensor the region saved (PyTorch's early stop; early_stop.py). The recomputed
+  results are new tensors: the first run's result of an op may still be held (read by someone
+  outside the region) while its recomputed twin exists. Each recomputed result is released after
+  the last backward op that reads it, or after the op through which the region's program holds it.
 
 :func:`region_graph` (prediction.py) turns a set of regions into a graph with one *twin* node per recomputed op
 (``"recompute:v"``) and :func:`region_schedule` into the one schedule that executes it: trace
@@ -32,6 +32,7 @@ One concept a module:
 - names.py: region names (modules, ``nn.Sequential`` segments, ``@policy``) and recomputation twins;
 - members.py: which ops of the graph a region runs;
 - candidates.py: the regions a graph offers (:func:`checkpointable`) and how they nest;
+- early_stop.py: where the recomputation stops and what the program holds there;
 - costs.py: one region's parts and seconds (:func:`region_costs`, :func:`checkpoint_overhead`);
 - prediction.py: a set of regions' graph, schedule and simulated peak and time (:func:`evaluate`);
 - region_model.py: :class:`RegionModel`, the same peak and time without building graphs;

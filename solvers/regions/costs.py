@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import networkx as nx
 
 from ..autograd_nodes import first_of_node
+from .early_stop import replay_end
 from .members import MUTATION, ModuleNodes
 from .policies import SAVE_POLICIES, draw_chains, saved_by_policy, split_policy
 
@@ -18,8 +19,8 @@ from .policies import SAVE_POLICIES, draw_chains, saved_by_policy, split_policy
 @dataclass(frozen=True)
 class RegionCosts:
     """One region's parts, in trace order: its forward ``nodes``; those its policy ``saved``; those
-    its recomputation runs again (``recomputed``: up to the last one a backward op of the region
-    reads, PyTorch's early stop, less the saved); its ``backward`` ops; its ``inputs`` (results from
+    its recomputation runs again (``recomputed``: up to where PyTorch's early stop ends it, the op
+    that packs the region's last saved tensor (early_stop.py), less the saved); its ``backward`` ops; its ``inputs`` (results from
     outside that it reads, held by the checkpoint); ``seconds`` the region adds to the step: its
     recomputation and ``overhead_seconds``, what the checkpoint itself costs
     (:func:`checkpoint_overhead`); ``aliased``: saved results that are one buffer with a later saved
@@ -61,13 +62,15 @@ def region_costs(graph: nx.DiGraph, region: str, by_module: ModuleNodes | None =
     backward = by_module.within(base, "backward")
     read = {p for b in backward for p in graph.predecessors(b)}
     needed = [i for i, v in enumerate(nodes) if v in read and v not in saved_set]
-    recomputed = tuple(v for v in nodes[: needed[-1] + 1]
-                       if v not in saved_set and graph.nodes[v].get("value_class") != MUTATION) if needed else ()
+    # PyTorch's early stop: at the op that packs the region's last saved tensor (early_stop.py).
+    end = replay_end(graph, nodes, backward, read, needed[-1]) if needed else None
+    recomputed = tuple(v for v in nodes[:end]
+                       if v not in saved_set and graph.nodes[v].get("value_class") != MUTATION) if end else ()
     inputs = tuple(dict.fromkeys(p for v in nodes for p in graph.predecessors(v) if p not in members))
     trigger = next((b for b in backward if any(p in members for p in graph.predecessors(b))), None)
     if trigger is not None:  # the engine unpacks (and the checkpoint recomputes) as the node starts
         trigger = first_of_node(graph, trigger)
-    passed = needed[-1] + 1 if needed else 0  # ops the recomputation passes, cached ones included
+    passed = end or 0  # ops the recomputation passes, cached ones included
     overhead = checkpoint_overhead(graph, policy, len(nodes), passed, len(recomputed))
     seconds = sum(float(graph.nodes[v]["cost"]) for v in recomputed) + overhead
     return RegionCosts(region, tuple(nodes), tuple(saved), recomputed, tuple(backward), inputs, seconds, trigger,

@@ -12,11 +12,13 @@ import networkx as nx
 
 from ..autograd_nodes import autograd_node_holds
 from ..extractions import count_extractions_once
+from ..in_place import count_in_place_once
 from ..liveness import schedule_from_computes
 from ..schedule import Schedule
 from ..simulate import Simulation, simulate
 from .candidates import checkpointable
 from .costs import region_costs
+from .early_stop import program_holds
 from .members import forward_nodes_of, trace_order
 from .names import RECOMPUTE, twin
 
@@ -33,8 +35,8 @@ class RegionPlan:
 
 def as_eager_runs(graph: nx.DiGraph) -> nx.DiGraph:
     """The op graph's memory as eager autograd holds it (solvers/autograd_nodes.py,
-    solvers/extractions.py): what the native executor runs."""
-    return count_extractions_once(autograd_node_holds(graph))
+    solvers/extractions.py, solvers/in_place.py): what the native executor runs."""
+    return count_in_place_once(count_extractions_once(autograd_node_holds(graph)))
 
 
 def _check_disjoint(graph: nx.DiGraph, regions: Sequence[str]) -> None:
@@ -84,6 +86,9 @@ def region_graph(graph: nx.DiGraph, regions: Iterable[str]) -> nx.DiGraph:
                     data = result.edges[v, s]
                     result.remove_edge(v, s)
                     result.add_edge(twin(v), s, **data)
+        for v, holder in program_holds(graph, parts.recomputed):  # what the program holds (early_stop.py)
+            if not result.has_edge(twin(v), twin(holder)):
+                result.add_edge(twin(v), twin(holder), hold=True)
         if not parts.backward:
             continue
         last = parts.backward[-1]

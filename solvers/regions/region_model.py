@@ -10,6 +10,7 @@ from collections.abc import Iterable
 import networkx as nx
 
 from .costs import region_costs
+from .early_stop import program_holds
 from .members import ModuleNodes, trace_order
 from .prediction import as_eager_runs
 
@@ -31,6 +32,7 @@ class RegionModel:
         self.kept = [bool(nodes[v].get("output") or nodes[v].get("pinned")) for v in self.order]
         self.preds = [[self.index[p] for p in graph.predecessors(v)] for v in self.order]
         self._parts: dict[str, tuple] = {}
+        self._holds: dict[str, dict[int, list[int]]] = {}
         self._by_module = ModuleNodes.of(graph)
 
     def parts(self, region: str) -> tuple:
@@ -40,11 +42,22 @@ class RegionModel:
             costs = region_costs(self.graph, region, self._by_module)
             index = self.index
             held = [index[v] for v in costs.held_to_the_end(self.graph)]
+            holds: dict[int, list[int]] = {}
+            for v, holder in program_holds(self.graph, costs.recomputed):
+                holds.setdefault(index[holder], []).append(index[v])
+            self._holds[region] = holds
             self._parts[region] = (
                 [index[v] for v in costs.recomputed], [index[b] for b in costs.backward],
                 None if costs.trigger is None else index[costs.trigger], held, costs.overhead_seconds,
             )
         return self._parts[region]
+
+    def twin_holds(self, region: str) -> dict[int, list[int]]:
+        """What the region's program holds in its recomputation beyond the graph's reads
+        (early_stop.py, :func:`program_holds`): the index of a recomputed op -> the indices of the
+        recomputed results held until its twin has run."""
+        self.parts(region)
+        return self._holds[region]
 
     def peak_and_cost(self, regions: Iterable[str]) -> tuple[int, float]:
         """(peak bytes of the schedule's part, compute seconds) of checkpointing ``regions``."""
@@ -55,6 +68,7 @@ class RegionModel:
         trigger: dict[int, list[int]] = {}
         hold: dict[int, list[int]] = {}
         parts = [self.parts(r) for r in regions]
+        holds = [self.twin_holds(r) for r in regions]
         for number, (recomputed, backward, first, held, _) in enumerate(parts):
             for b in backward:
                 backward_region[b] = number
@@ -71,8 +85,9 @@ class RegionModel:
 
         def reads(instance: int) -> list[int]:
             if instance >= n:
-                base = twin_base[instance - n]
-                return [twin_of.get((twin_region[instance], p), p) for p in self.preds[base]]
+                base, number = twin_base[instance - n], twin_region[instance]
+                return [twin_of.get((number, p), p) for p in self.preds[base]] + \
+                    [twin_of[(number, v)] for v in holds[number].get(base, ())]
             number = backward_region.get(instance)
             result = self.preds[instance] if number is None else \
                 [twin_of.get((number, p), p) for p in self.preds[instance]]
