@@ -406,3 +406,25 @@ def test_equals_brute_force_where_a_subtree_is_one_unit(gpt2_op_graph):
     assert sizes[attention] == 29, sizes
     solved, beaten = check_against_brute_force(graph, candidates, {}, policies, count=20, chained=True)
     assert solved >= 15, solved
+
+
+def test_a_shared_result_not_additive_over_the_units_is_found(gpt2_op_graph):
+    """The check the dynamic program's exactness rests on, alone: with every leaf its own unit, the
+    attention's output projection's result is held while either its dropout's or its own
+    recomputation reads it (a maximum, not a sum over the two units): the first attempt names them."""
+    from solvers.native import chain
+
+    graph, _, _ = gpt2_op_graph
+    attention = "transformer.h.0.attn"
+    candidates = [attention, f"{attention}.c_proj", f"{attention}.resid_dropout"]
+    model = RegionModel(graph)
+    rows = build_rows(graph, build_menu(graph, candidates, {}, ("projections+draws",), model), model)
+    tree = chain.build_tree(rows.menu)
+    facts = chain._Facts.of(rows, model, tree)
+    components = chain._layout(tree, set())
+    owner_of = {c: i for i, q in enumerate(components) for option in q.options for c in option}
+    with pytest.raises(chain._Failed, match="not additive") as failed:
+        chain._Additivity(facts, owner_of, components, lambda nodes: True).check()
+    named = {tree.bases[n] for group in failed.value.groups for n in group}
+    assert named == {f"{attention}.c_proj", f"{attention}.resid_dropout"}, named
+    assert isinstance(chain.chain_structure(rows, model), chain.ChainStructure)  # the attention made one unit
