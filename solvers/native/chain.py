@@ -242,6 +242,8 @@ class _Facts:
         forward_span = {}
         for node, base in enumerate(tree.bases):
             positions = [at[model.index[v]] for v in modules.within(base, "forward")]
+            if not positions:
+                raise _Hopeless(f"{base} runs no forward op")
             forward_span[node] = (int(min(positions)), int(max(positions)))
         first, last = {}, {}
         for c, choice in enumerate(rows.menu.choices):
@@ -600,7 +602,10 @@ def chain_structure(rows: PeakRows, model: RegionModel) -> ChainStructure | NoCh
     tree = build_tree(rows.menu)
     if tree is None:
         return NoChain("the menu's regions cross (runs of a Sequential's children)")
-    facts = _Facts.of(rows, model, tree)
+    try:
+        facts = _Facts.of(rows, model, tree)
+    except _Hopeless as failure:
+        return NoChain(str(failure))
     units_at: set[int] = set()
     for _ in range(ROUNDS):
         try:
