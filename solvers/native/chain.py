@@ -301,10 +301,15 @@ def _ranges(facts: _Facts, component: Component, choices: Sequence[int], changes
     backward_first = min((facts.backward_first[c] for c in choices), default=facts.rows.events)
     backward_last = max((facts.backward_last[c] for c in choices), default=-1)
     component.window = (min(forward_first, reaches[0]), max(forward_last, reaches[1], backward_last))
-    start = forward_last + 1
-    later = changes[changes > start]
-    stop = min(backward_first, int(later.min()) if len(later) else facts.rows.events) - 1
-    component.middle = (start, stop)
+    # The run without a change between the last forward op and the first backward op or recomputation
+    # that holds the most trace ops (right after the forward, a region's output may still be read
+    # outside it; recomputations of other regions are rows only where those are taken).
+    start, stop = forward_last + 1, min(backward_first, facts.rows.events) - 1
+    inside = np.unique(changes[(changes > start) & (changes <= stop)])
+    edges = np.concatenate([[start], inside, [stop + 1]]).astype(np.int64)
+    trace_ops = np.concatenate([[0], np.cumsum(~facts.is_twin)])
+    longest = int(np.argmax(trace_ops[np.minimum(edges[1:], facts.rows.events)] - trace_ops[edges[:-1]]))
+    component.middle = (int(edges[longest]), int(edges[longest + 1]) - 1)
 
 
 class _Additivity:
@@ -331,11 +336,27 @@ class _Additivity:
             raise _Failed(str(failures[0]), groups=[g for f in failures for g in f.groups])
 
     def _result(self, result) -> None:
+        """One shared result, run of events by run of events (between its breakpoints): each run's
+        readers are those at or after its end. Signatures are bit masks over all its readers, read
+        once per state; a run masks them to its own."""
+        menu = self.facts.rows.menu
+        needs = [need for group in result.needs for need in group]
+        first_of_break = np.cumsum([0] + [len(group) for group in result.needs])
+        removable_all = 0
+        for k, (kind, _) in enumerate(needs):
+            if kind == "removable":
+                removable_all |= 1 << k
+        by_component: dict[int, list[int]] = {}
+        for c in sorted({what for kind, what in needs if kind == "added"}
+                        | {c for kind, what in needs if kind == "removable" for c in what}):
+            by_component.setdefault(self.owner_of[c], []).append(c)
+        signatures = {q: {state: _signature(needs, state) for state in _antichains(menu, chosen)[1:]}
+                      for q, chosen in by_component.items()}
         previous_rep: dict[int, object] = {}
         for k, stop in enumerate(result.breaks):
             start = (result.fixed if k == 0 else result.breaks[k - 1]) + 1
-            needs = [need for needs in result.needs[k:] for need in needs]
-            reps = self._interval(needs, result)
+            suffix = ~((1 << int(first_of_break[k])) - 1)  # the readers at this run's end or later
+            reps = self._interval(signatures, suffix, removable_all & suffix, result)
             for q in set(reps) | set(previous_rep):
                 if self.components[q].wide:
                     continue
@@ -348,42 +369,23 @@ class _Additivity:
             if not self.components[q].wide and rep is not None:
                 self.changes.setdefault(q, []).append(result.breaks[-1] + 1)
 
-    def _interval(self, needs, result) -> dict[int, object]:
+    def _interval(self, signatures, suffix: int, removable: int, result) -> dict[int, object]:
         """Each component's effect on ``result`` over one run of events (None: none), after checking
-        that the effects add up over every joint state of the components a plan can take together."""
-        menu = self.facts.rows.menu
-        mentioned = sorted({what for kind, what in needs if kind == "added"}
-                           | {c for kind, what in needs if kind == "removable" for c in what})
-        by_component: dict[int, list[int]] = {}
-        for c in mentioned:
-            by_component.setdefault(self.owner_of[c], []).append(c)
-        removable = 0
-        for k, (kind, _) in enumerate(needs):
-            if kind == "removable":
-                removable |= 1 << k
-
-        def signature(taken: frozenset) -> tuple[int, int]:
-            """(the added readers ``taken`` makes, the removable readers it removes) as bit masks."""
-            added = hit = 0
-            for k, (kind, what) in enumerate(needs):
-                if kind == "added" and what in taken:
-                    added |= 1 << k
-                elif kind == "removable" and what & taken:
-                    hit |= 1 << k
-            return added, hit
+        that the effects add up over every joint state of the components a plan can take together.
+        ``suffix``: the bits of the run's readers; ``removable``: those a choice can remove."""
 
         def held(added: int, hit: int) -> int:
             return int(added != 0 or removable & ~hit != 0)
 
         at_none = held(0, 0)
         reps, distinct = {}, {}
-        for q, chosen in by_component.items():
-            signatures = {state: signature(state) for state in _antichains(menu, chosen)[1:]}
+        for q, by_state in signatures.items():
+            masked = {state: (added & suffix, hit & suffix) for state, (added, hit) in by_state.items()}
             # The effect of every state (not one per signature: the rep is compared across runs of events).
-            changed = frozenset((state, held(*sig) - at_none) for state, sig in signatures.items()
+            changed = frozenset((state, held(*sig) - at_none) for state, sig in masked.items()
                                 if held(*sig) != at_none)
             reps[q] = changed or None
-            kinds = set(signatures.values()) - {(0, 0)}
+            kinds = set(masked.values()) - {(0, 0)}
             if kinds:
                 distinct[q] = sorted(kinds)
         if len(distinct) > 1:
@@ -393,29 +395,56 @@ class _Additivity:
     def _joint(self, distinct: dict[int, list[tuple[int, int]]], held, at_none: int, result) -> None:
         """Every set of components a plan can take together, each in each of its distinct states
         (``distinct``: signatures of :meth:`_interval`; a state that makes and removes no reader acts
-        as none): the result's holding under them all equals the sum of its changes under each."""
-        components = list(distinct)
+        as none): the result's holding under them all equals the sum of its changes under each.
+        Components covering more units go first; once the holding is settled whatever the rest take
+        (a reader made, or one no remaining component can remove), the rest must change nothing alone."""
+        by_span = sorted(distinct, key=lambda q: (self.components[q].first - self.components[q].last, q))
+        can_hit = {q: 0 for q in by_span}
+        for q in by_span:
+            for _, h in distinct[q]:
+                can_hit[q] |= h
+        change = {q: [held(a, h) - at_none for a, h in distinct[q]] for q in by_span}
         seen = 0
+
+        def fail(reason: str, used) -> _Failed:
+            return _Failed(f"shared result {result.node} {reason}", [self.components[q].node for q in used])
 
         def extend(i: int, added: int, hit: int, total: int, used: list[int]) -> None:
             nonlocal seen
-            if i == len(components):
-                seen += 1
-                if seen > STATE_LIMIT:
-                    raise _Failed(f"shared result {result.node}: too many joint states",
-                                  [self.components[q].node for q in components])
-                if len(used) > 1 and held(added, hit) - at_none != total:
-                    raise _Failed(f"shared result {result.node} is not additive over components",
-                                  [self.components[q].node for q in used])
+            seen += 1
+            if seen > STATE_LIMIT:
+                raise fail("has too many joint states", by_span)
+            rest = [q for q in by_span[i:] if all(_together(self.components[q], self.components[u]) for u in used)]
+            reachable = 0
+            for q in rest:
+                reachable |= can_hit[q]
+            # Held whatever the rest take: a reader made, or a removable one none of them can remove.
+            settled = added != 0 or held(0, hit | reachable) == 1
+            if settled or not rest:
+                if held(added, hit) - at_none != total:
+                    raise fail("is not additive over components", used)
+                moving = [q for q in rest if any(change[q])]
+                if moving:
+                    raise fail("is not additive over components", used + moving[:1])
                 return
-            extend(i + 1, added, hit, total, used)
-            q = self.components[components[i]]
-            if any(not _together(q, self.components[u]) for u in used):
-                return
-            for a, h in distinct[components[i]]:
-                extend(i + 1, added | a, hit | h, total + held(a, h) - at_none, used + [components[i]])
+            q = rest[0]
+            after = by_span.index(q) + 1
+            extend(after, added, hit, total, used)
+            for (a, h), delta in zip(distinct[q], change[q]):
+                extend(after, added | a, hit | h, total + delta, used + [q])
 
         extend(0, 0, 0, 0, [])
+
+
+def _signature(needs, taken: frozenset) -> tuple[int, int]:
+    """(the added readers ``taken`` makes, the removable readers it removes) as bit masks over ``needs``."""
+    added = hit = 0
+    for k, (kind, what) in enumerate(needs):
+        if kind == "added" and what in taken:
+            added |= 1 << k
+        elif kind == "removable" and what & taken:
+            hit |= 1 << k
+    return added, hit
 
 
 def _antichains(menu, chosen: Sequence[int]) -> list[frozenset]:
