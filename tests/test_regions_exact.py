@@ -428,3 +428,31 @@ def test_a_shared_result_not_additive_over_the_units_is_found(gpt2_op_graph):
     named = {tree.bases[n] for group in failed.value.groups for n in group}
     assert named == {f"{attention}.c_proj", f"{attention}.resid_dropout"}, named
     assert isinstance(chain.chain_structure(rows, model), chain.ChainStructure)  # the attention made one unit
+
+
+@pytest.fixture(scope="module")
+def llama_op_graph():
+    import torch
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                      attention_dropout=0.1, use_cache=False, pad_token_id=0, bos_token_id=0,
+                                      eos_token_id=0)
+    model = transformers.LlamaForCausalLM(config).train()
+    ids = torch.randint(0, 128, (2, 32), generator=torch.Generator().manual_seed(1))
+    import models
+
+    return op_graph(model, {"input_ids": ids, "labels": ids}, models.hf_loss)
+
+
+def test_equals_brute_force_on_llama(llama_op_graph):
+    """A 2-layer Llama from transformers: the rotary tables, made once and read by every layer's
+    attention (and its recomputation), are held to the first layer's backward whatever the layers
+    take: additive over the layers, a chain; the whole model, its
+    layers, their attention and MLP, plain or under one policy, equal to brute force."""
+    graph, _, _ = llama_op_graph
+    candidates = ["model", *(f"model.layers.{i}{part}" for i in range(2) for part in ("", ".self_attn", ".mlp"))]
+    solved, _ = check_against_brute_force(graph, candidates, {}, ("matmuls",), count=16, chained=True)
+    assert solved >= 12, solved
