@@ -409,12 +409,12 @@ class _Additivity:
         def fail(reason: str, used) -> _Failed:
             return _Failed(f"shared result {result.node} {reason}", [self.components[q].node for q in used])
 
-        def extend(i: int, added: int, hit: int, total: int, used: list[int]) -> None:
+        def extend(rest: list[int], added: int, hit: int, total: int, used: list[int]) -> None:
+            """``rest``: the components after those decided that a plan can take with ``used``."""
             nonlocal seen
             seen += 1
             if seen > STATE_LIMIT:
                 raise fail("has too many joint states", by_span)
-            rest = [q for q in by_span[i:] if all(_together(self.components[q], self.components[u]) for u in used)]
             reachable = 0
             for q in rest:
                 reachable |= can_hit[q]
@@ -427,13 +427,13 @@ class _Additivity:
                 if moving:
                     raise fail("is not additive over components", used + moving[:1])
                 return
-            q = rest[0]
-            after = by_span.index(q) + 1
-            extend(after, added, hit, total, used)
+            q, later = rest[0], rest[1:]
+            extend(later, added, hit, total, used)
+            with_q = [r for r in later if _together(self.components[q], self.components[r])]
             for (a, h), delta in zip(distinct[q], change[q]):
-                extend(after, added | a, hit | h, total + delta, used + [q])
+                extend(with_q, added | a, hit | h, total + delta, used + [q])
 
-        extend(0, 0, 0, 0, [])
+        extend(by_span, 0, 0, 0, [])
 
 
 def _signature(needs, taken: frozenset) -> tuple[int, int]:
@@ -513,27 +513,44 @@ def _measure_unit(facts: _Facts, component: Component) -> None:
     for i, option in enumerate(component.options):
         incidence[i, [column[c] for c in option]] = 1
     memory = facts.base[events][None, :] + incidence @ effects
-    mentioned = set(choices)
+    taken = incidence.astype(bool)
     for result in rows.shared:
-        if not any((kind == "added" and what in mentioned) or (kind == "removable" and what & mentioned)
-                   for needs in result.needs for kind, what in needs):
+        last = _alive_until(result, taken, column)
+        if last is None:
             continue
         at_none = result.alive_until(set())
-        for i, option in enumerate(component.options):
-            last = result.alive_until(set(option))
-            if last != at_none:
-                low, high = sorted((last, at_none))
-                inside = (events > low) & (events <= high) & (events > result.fixed)
-                memory[i, inside] += result.mem if last > at_none else -result.mem
+        longer = (events[None, :] > at_none) & (events[None, :] <= last[:, None])
+        shorter = (events[None, :] > last[:, None]) & (events[None, :] <= at_none)
+        memory += result.mem * (longer.astype(np.int64) - shorter.astype(np.int64))
     owner = rows.owner[core]
     valid = np.ones((len(component.options), len(core)), dtype=bool)
     twin_columns = np.flatnonzero(owner >= 0)
-    for i, option in enumerate(component.options):
-        valid[i, twin_columns] = np.isin(owner[twin_columns], option)
+    if len(twin_columns):  # a recomputation's event is a row only under an option taking its choice
+        valid[:, twin_columns] = taken[:, [column[int(o)] for o in owner[twin_columns]]]
     core_memory = np.where(valid, memory[:, :-1], -(1 << 62))
     component.need = core_memory.max(axis=1) if len(core) else np.full(len(component.options), -(1 << 62))
     component.K = memory[:, -1] - facts.base[reference]
     component.cost = np.array([float(sum(rows.cost[c] for c in option)) for option in component.options])
+
+
+def _alive_until(result, taken: np.ndarray, column: dict[int, int]) -> np.ndarray | None:
+    """:meth:`Shared.alive_until` for each row of ``taken`` (options x the choices of ``column``), or
+    None when no choice of ``column`` moves ``result``."""
+    last = np.full(len(taken), result.fixed, dtype=np.int64)
+    moved = False
+    for position, needs in zip(result.breaks, result.needs):
+        active = np.zeros(len(taken), dtype=bool)
+        for kind, what in needs:
+            if kind == "added":
+                if what in column:
+                    active |= taken[:, column[what]]
+                    moved = True
+            else:
+                mine = [column[c] for c in what if c in column]
+                moved |= bool(mine)
+                active |= ~taken[:, mine].any(axis=1) if mine else True
+        last = np.where(active, position, last)
+    return last if moved else None
 
 
 def _together(a: Component, b: Component) -> bool:
