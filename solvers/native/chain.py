@@ -8,30 +8,36 @@ the units, under a policy: taking it replaces every unit within it). Units are l
 order, ``1..n``; a wide component covers units ``first..last``; a plan is a path through them.
 
 For each component ``Q`` it reads off the rows (solvers/native/peak_rows.py, exact at every plan) the
-*effect* of each of its options on every event's memory, and three event ranges: its ``window``
-(outside it no option changes any event's memory), its ``middle`` (from after its last forward op to
-before its first backward op or recomputation, where every option changes the memory by one amount,
-its ``K``), and its core (the window less the middle). :func:`chain_structure` then *verifies*, on
-these rows, what makes a dynamic program over the chain exact:
+*effect* of each of its options on every event's memory (the option alone, against no plan), and
+three event ranges: its ``window`` (outside it no option changes any event's memory), its
+``middle`` (the run of events between its last forward op and its first backward op or
+recomputation in which no option's effect changes, holding the most trace ops: every option changes
+the memory there by one amount, its ``K``), and its core (the window less the middle).
+:func:`chain_structure` then *verifies*, on these rows, what makes a dynamic program over the chain
+exact:
 
 1. additivity: the memory of a plan is the memory of no plan plus the sum of its components'
-   effects. The interval part of the rows is linear in the choices; a shared result's part (a
-   maximum over readers) is checked, for each run of events between its breakpoints, over every
-   combination of the choices its readers depend on that a plan can take together;
+   effects. The interval part of the rows is linear in the choices; a shared result's part (held
+   while some reader is active: a maximum) is checked, for each run of events between its
+   breakpoints, over every combination of states of the components a plan can take together;
 2. nesting: for two components a plan can take together, ``Q1`` before ``Q2``, ``window(Q2)`` lies in
-   ``middle(Q1)``; a unit's core lies in the core of every wide component above it; every
-   recomputation event in its choice's component's core;
-3. the other events (no unit's core): the units whose middle holds the event are a prefix ``1..m`` of
-   the chain and no later unit's window holds it; a wide component either holds it in its core or
-   lies wholly before it (middle) or wholly after it (outside its window).
+   ``middle(Q1)``; a unit's trace events in its core lie in the core of every wide component above
+   it; every recomputation event lies in its own choice's component's core;
+3. the other events (in no unit's core): the units whose middle holds the event are a prefix
+   ``1..m`` of the chain and no later unit's window holds it; a wide component holds it in its
+   core, or lies wholly before it (the event in its middle) or wholly after it (outside its window).
 
-Then, for a plan and an event ``e``: in the core of the plan's component ``Q``, the memory is the
-memory of ``Q``'s option alone plus the ``K`` of the plan's components before ``Q``; elsewhere, the
-memory of no plan plus the ``K`` of the plan's components before the event's prefix boundary. So
-every row is ``S + (a number of one component's option)`` with ``S`` the sum of ``K`` over the
-components before: solvers/native/chain_dp.py solves that exactly. Where a check fails, the smallest
-subtree holding the culprits becomes one unit and the checks run again; where that would exceed
-:data:`OPTION_LIMIT` options, :func:`chain_structure` returns a :class:`NoChain` and the MILP is used.
+The argument. Take a plan (a path of components) and an event ``e`` that is a row under it. By 1,
+its memory is the memory of no plan plus each component's effect at ``e``. If ``e`` is in the core
+of the path's component ``Q``, every component before ``Q`` holds ``e`` in its middle (2), where its
+effect is its ``K``, and every one after ``Q`` does not hold ``e`` in its window (its window lies in
+``Q``'s middle), where its effect is 0: the memory is ``S`` (the sum of ``K`` before ``Q``) plus the
+memory of ``Q``'s option alone. Otherwise (3) it is the memory of no plan plus the ``K`` of the
+components up to the event's prefix boundary, or, where the path takes a wide component holding
+``e`` in its core, that component's case above. So every row is ``S`` plus a number of one option,
+and solvers/native/chain_dp.py solves that exactly. Where a check fails, the smallest subtree
+holding the culprits becomes one unit and the checks run again; where that would exceed
+:data:`OPTION_LIMIT` plans, :func:`chain_structure` returns a :class:`NoChain` and the MILP is used.
 
 Units: bytes for memory, seconds for cost; events are positions on the rows' axis.
 """
