@@ -72,6 +72,8 @@ def check_against_brute_force(graph, candidates, sequentials, policies, count: i
             # The contract: min_budget is over the budget, and the method meets it.
             least = refused.value.min_budget
             assert least is not None and least > budget
+            if chained:  # the chain's program knows the least peak exactly
+                assert least == min(peak for peak, _, _ in table), (least, budget)
             at_least = solve_regions_exact(graph, least, candidates, sequentials, time_limit=60, policies=policies)
             assert at_least.outcome.peak_bytes <= least
             continue

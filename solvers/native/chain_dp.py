@@ -127,3 +127,28 @@ def solve_chain(structure: ChainStructure, budget: int) -> tuple[set[int], float
         taken.update(components[component].options[option])
         m, index = previous, state
     return taken, float(seconds[n][best])
+
+
+def least_peak(structure: ChainStructure) -> int:
+    """The least peak (bytes) of any plan over the chain: the same program with the most ``S + need``
+    along a path kept instead of its seconds (exact by the same argument)."""
+    components = structure.components
+    needs = _folded_needs(structure)
+    starting: dict[int, list[int]] = {}
+    for i, q in enumerate(components):
+        starting.setdefault(q.first - 1, []).append(i)
+    held = {0: np.zeros(1, dtype=np.int64)}
+    peak = {0: np.full(1, _NONE, dtype=np.int64)}
+    pending: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {}
+    for m in range(structure.units + 1):
+        if m > 0:
+            s, p = (np.concatenate(column) for column in zip(*pending.pop(m)))
+            keep = _front(s, p.astype(float))
+            held[m], peak[m] = s[keep], p[keep]
+        if m == structure.units:
+            break
+        for i in starting.get(m, ()):
+            q = components[i]
+            reached = np.maximum(peak[m][:, None], held[m][:, None] + needs[i][None, :])
+            pending.setdefault(q.last, []).append(((held[m][:, None] + q.K[None, :]).ravel(), reached.ravel()))
+    return int(peak[structure.units].min())

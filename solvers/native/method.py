@@ -34,7 +34,7 @@ from ..regions.search import plan_regions
 from ..schedule import FEASIBLE, OPTIMAL, Schedule, SolverInfo
 from ..store_all import store_all_schedule
 from .chain import NoChain, chain_structure
-from .chain_dp import solve_chain
+from .chain_dp import least_peak, solve_chain
 from .menu import Menu, build_menu
 from .milp import RegionMilp
 from .peak_rows import build_rows
@@ -238,15 +238,18 @@ def solve_regions_exact(graph: nx.DiGraph, budget_bytes: int, candidates: Sequen
 
 def _chain_plan(graph: nx.DiGraph, rows, model: RegionModel, budget_bytes: int, started: float) -> RegionPlan | None:
     """The cheapest plan by the chain's dynamic program (solvers/native/chain_dp.py), ``optimal``, where
-    the rows verify as a chain (solvers/native/chain.py) and a plan fits; None otherwise (the MILP
-    then searches, and proves where none fits). Its plan is checked by the rows and the simulator's
-    twin, as the MILP's incumbents are, and by the simulator when returned (:func:`_found`)."""
+    the rows verify as a chain (solvers/native/chain.py); None where they do not (the MILP then
+    searches). Raises :class:`Infeasible` with the least peak of any plan (``min_budget``, exact)
+    where none fits. Its plan is checked by the rows and the simulator's twin, as the MILP's
+    incumbents are, and by the simulator when returned (:func:`_found`)."""
     structure = chain_structure(rows, model)
     if isinstance(structure, NoChain):
         return None
     solution = solve_chain(structure, budget_bytes)
     if solution is None:
-        return None
+        least = least_peak(structure)
+        raise Infeasible(f"no set of checkpointed regions fits {budget_bytes} bytes of activations; the least "
+                         f"plan holds {least}", min_budget=least, method=METHOD)
     taken, _ = solution
     regions = [rows.menu.choices[c] for c in sorted(taken)]
     memory = rows.memory(taken)
