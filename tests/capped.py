@@ -53,17 +53,19 @@ del _tiny
 """
 
 
-def capped_env() -> dict:
-    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", MALLOC_ARENA_MAX="2",
-               MALLOC_MMAP_THRESHOLD_="131072")
+def capped_env(malloc_arenas: int = 2) -> dict:
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
+               MALLOC_ARENA_MAX=str(malloc_arenas), MALLOC_MMAP_THRESHOLD_="131072")
     return env
 
 
-def run_capped(body: str, timeout: float = 900) -> tuple[dict | None, subprocess.CompletedProcess]:
+def run_capped(body: str, timeout: float = 900, malloc_arenas: int = 2) -> tuple[dict | None, subprocess.CompletedProcess]:
     """Run PRELUDE then ``body`` (which calls ``cap(bytes)`` where the cap starts) in a fresh
-    interpreter; returns the RESULT figures (None without a RESULT line) and the process."""
+    interpreter; returns the RESULT figures (None without a RESULT line) and the process.
+    ``malloc_arenas``: glibc's arenas at most (with 2, a second arena reserved before the cap, 64 MiB
+    of address space, can serve the body's allocations when the cap refuses new mappings)."""
     script = PRELUDE.format(tests=str(ROOT / "tests")) + body
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=timeout,
-                          env=capped_env(), cwd=str(ROOT))
+                          env=capped_env(malloc_arenas), cwd=str(ROOT))
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     return (json.loads(lines[-1][len("RESULT "):]) if lines else None), done
