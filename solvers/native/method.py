@@ -1,5 +1,9 @@
 """``solve_regions_exact``: the cheapest native plan within a budget, proven (or with its gap).
 
+Where the rows verify as a chain (solvers/native/chain.py), the chain's dynamic program
+(solvers/native/chain_dp.py) finds it and proves it, and where no plan fits gives the least peak of
+any; the heuristic and the MILP below run only where they do not.
+
 The heuristic search (:func:`solvers.regions.plan_regions`) gives the first incumbent; the MILP of
 solvers/native/milp.py over the menu (solvers/native/menu.py), its memory rows exact at every plan
 (solvers/native/peak_rows.py), proves it optimal or finds a cheaper one. Each incumbent is checked
