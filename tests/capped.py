@@ -2,11 +2,13 @@
 
 The cap is measured from the subprocess's own baseline: after torch, transformers and the planner
 are imported and a tiny GPT-2 has been planned once at 80% of its peak, so that it checkpoints
-(torch's tracer imports much of itself lazily on first use, and so do the exact native search's
-HiGHS and the checkpoint clock's calibration: code and thread stacks, not memory a device would
-hold), ``RLIMIT_AS`` is set to the mapped size then
+(torch's tracer imports much of itself lazily on first use, and so does the checkpoint clock's
+calibration: code and thread stacks, not memory a device would hold; the GPT-2's rows are a chain,
+planned without the exact search's MILP, so HiGHS and its worker thread are not warmed),
+``RLIMIT_AS`` is set to the mapped size then
 (``VmSize``) plus ``cap_bytes``. One thread; ``MALLOC_ARENA_MAX=2`` (each glibc arena reserves 64 MiB
-of address space); ``MALLOC_MMAP_THRESHOLD_=131072``: glibc otherwise raises its mmap threshold as
+of address space; ``malloc_arenas=1`` where the body's allocations must not be served by a second
+arena reserved before the cap); ``MALLOC_MMAP_THRESHOLD_=131072``: glibc otherwise raises its mmap threshold as
 large blocks are freed and then keeps freed blocks in its heap, which holds address space no
 allocator counts (a bounded profile's process grew 220 MB for an 80 MB bound without it, 13 MB with
 it: docs/profiler.md, "Planning what does not fit").
@@ -53,17 +55,19 @@ del _tiny
 """
 
 
-def capped_env() -> dict:
-    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", MALLOC_ARENA_MAX="2",
-               MALLOC_MMAP_THRESHOLD_="131072")
+def capped_env(malloc_arenas: int = 2) -> dict:
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
+               MALLOC_ARENA_MAX=str(malloc_arenas), MALLOC_MMAP_THRESHOLD_="131072")
     return env
 
 
-def run_capped(body: str, timeout: float = 900) -> tuple[dict | None, subprocess.CompletedProcess]:
+def run_capped(body: str, timeout: float = 900, malloc_arenas: int = 2) -> tuple[dict | None, subprocess.CompletedProcess]:
     """Run PRELUDE then ``body`` (which calls ``cap(bytes)`` where the cap starts) in a fresh
-    interpreter; returns the RESULT figures (None without a RESULT line) and the process."""
+    interpreter; returns the RESULT figures (None without a RESULT line) and the process.
+    ``malloc_arenas``: glibc's arenas at most (with 2, a second arena reserved before the cap, 64 MiB
+    of address space, can serve the body's allocations when the cap refuses new mappings)."""
     script = PRELUDE.format(tests=str(ROOT / "tests")) + body
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=timeout,
-                          env=capped_env(), cwd=str(ROOT))
+                          env=capped_env(malloc_arenas), cwd=str(ROOT))
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     return (json.loads(lines[-1][len("RESULT "):]) if lines else None), done

@@ -53,9 +53,14 @@ def budgets_between(table, count: int = 12) -> list[int]:
     return sorted(set(picks)) + [peaks[0] - 1]
 
 
-def check_against_brute_force(graph, candidates, sequentials, policies, count: int = 12) -> tuple[int, int]:
+CHAIN = "chain dynamic program"  # in the message of a plan the chain's dynamic program found
+
+
+def check_against_brute_force(graph, candidates, sequentials, policies, count: int = 12,
+                              chained: bool | None = None) -> tuple[int, int]:
     """The exact method's step equals brute force's at every budget of :func:`budgets_between`;
-    returns how many budgets it solved, and at how many of them the heuristic search's plan is slower."""
+    returns how many budgets it solved, and at how many of them the heuristic search's plan is slower.
+    ``chained``: every plan found by the chain's dynamic program (True) or by the MILP (False)."""
     menu = build_menu(graph, candidates, sequentials, policies)
     table = brute_force(graph, menu)
     solved = beaten = 0
@@ -67,6 +72,8 @@ def check_against_brute_force(graph, candidates, sequentials, policies, count: i
             # The contract: min_budget is over the budget, and the method meets it.
             least = refused.value.min_budget
             assert least is not None and least > budget
+            if chained:  # the chain's program knows the least peak exactly
+                assert least == min(peak for peak, _, _ in table), (least, budget)
             at_least = solve_regions_exact(graph, least, candidates, sequentials, time_limit=60, policies=policies)
             assert at_least.outcome.peak_bytes <= least
             continue
@@ -75,6 +82,8 @@ def check_against_brute_force(graph, candidates, sequentials, policies, count: i
         assert outcome.valid and outcome.peak_bytes <= budget, (budget, plan.regions)
         assert plan.schedule.info.status == "optimal", plan.schedule.info
         assert outcome.compute_cost == pytest.approx(best, rel=1e-9, abs=1e-12), (budget, plan.regions)
+        if chained is not None and "fits as it is" not in plan.schedule.info.message:
+            assert (CHAIN in plan.schedule.info.message) == chained, plan.schedule.info.message
         solved += 1
         heuristic = plan_regions(graph, budget, candidates, sequentials, policies=policies)
         beaten += heuristic.outcome.compute_cost > best * (1 + 1e-9)
@@ -212,11 +221,27 @@ def test_each_row_is_the_memory_at_its_event(gpt2_op_graph):
 
 # -- against brute force ----------------------------------------------------------------------------------------
 
+@pytest.fixture
+def milp_only(monkeypatch):
+    """The exact method with the chain's dynamic program off: the MILP searches every menu."""
+    from solvers.native import method
+    from solvers.native.chain import NoChain
+
+    monkeypatch.setattr(method, "chain_structure", lambda rows, model: NoChain("off in this test"))
+
+
 def test_equals_brute_force_on_hand_made_blocks():
     graph = dropout_blocks(blocks=4)
     blocks = [f"layers.{b}" for b in range(4)]
-    solved, beaten = check_against_brute_force(graph, blocks, {}, tuple(SAVE_POLICIES))
+    solved, beaten = check_against_brute_force(graph, blocks, {}, tuple(SAVE_POLICIES), chained=True)
     assert solved >= 10 and beaten >= 1, (solved, beaten)
+
+
+def test_the_milp_equals_brute_force_on_hand_made_blocks(milp_only):
+    graph = dropout_blocks(blocks=4)
+    blocks = [f"layers.{b}" for b in range(4)]
+    solved, _ = check_against_brute_force(graph, blocks, {}, tuple(SAVE_POLICIES), chained=False)
+    assert solved >= 10, solved
 
 
 def test_equals_brute_force_with_the_checkpoints_own_costs():
@@ -224,33 +249,53 @@ def test_equals_brute_force_with_the_checkpoints_own_costs():
     can differ from the plain one: the exact method still equals brute force."""
     graph = with_clock(dropout_blocks(blocks=4))
     blocks = [f"layers.{b}" for b in range(4)]
-    solved, _ = check_against_brute_force(graph, blocks, {}, tuple(SAVE_POLICIES))
+    solved, _ = check_against_brute_force(graph, blocks, {}, tuple(SAVE_POLICIES), chained=True)
     assert solved >= 10, solved
+
+
+GPT2_CANDIDATES = [f"transformer.h.{i}{part}" for i in range(3) for part in ("", ".attn", ".mlp")]
 
 
 def test_equals_brute_force_on_gpt2(gpt2_op_graph):
     """A 3-layer GPT-2 from transformers (dropout on): each block whole, or its attention and MLP,
-    plain or under two policies; 12 budgets from its least peak to no checkpointing."""
+    plain or under two policies; 12 budgets from its least peak to no checkpointing. Its rows verify
+    as a chain: every plan is the dynamic program's."""
     graph, _, _ = gpt2_op_graph
-    candidates = [f"transformer.h.{i}{part}" for i in range(3) for part in ("", ".attn", ".mlp")]
-    solved, beaten = check_against_brute_force(graph, candidates, {}, ("projections+draws",))
+    solved, beaten = check_against_brute_force(graph, GPT2_CANDIDATES, {}, ("projections+draws",), chained=True)
     assert solved >= 10 and beaten >= 1, (solved, beaten)
+
+
+def test_the_milp_equals_brute_force_on_gpt2(gpt2_op_graph, milp_only):
+    graph, _, _ = gpt2_op_graph
+    solved, _ = check_against_brute_force(graph, GPT2_CANDIDATES, {}, ("projections+draws",), chained=False)
+    assert solved >= 10, solved
 
 
 def test_equals_brute_force_on_the_residual_mlp(residual_mlp_op_graph):
     """tests/models.py's residual MLP (a Sequential of 6 blocks and a head): runs of its children as
-    segments and the blocks, plain or under one policy."""
+    segments and the blocks, plain or under one policy. Overlapping runs are no tree of regions: the
+    chain's check fails and the MILP finds every plan."""
     graph, candidates, sequentials = residual_mlp_op_graph
     blocks = [c for c in candidates if c.isdigit()]
-    solved, beaten = check_against_brute_force(graph, blocks, sequentials, ("matmuls",))
+    solved, beaten = check_against_brute_force(graph, blocks, sequentials, ("matmuls",), chained=False)
     assert solved >= 10 and beaten >= 1, (solved, beaten)
 
 
+def test_equals_brute_force_on_the_residual_mlp_blocks(residual_mlp_op_graph):
+    """The same blocks without the runs: a chain, the dynamic program's plans."""
+    graph, candidates, _ = residual_mlp_op_graph
+    blocks = [c for c in candidates if c.isdigit()]
+    solved, _ = check_against_brute_force(graph, blocks, {}, ("matmuls",), chained=True)
+    assert solved >= 10, solved
+
+
 def test_equals_brute_force_on_the_unet(unet_op_graph):
-    """A small U-Net of the benchmark's shape (benchmarks/models.py): its blocks, plain or under one policy."""
+    """A small U-Net of the benchmark's shape (benchmarks/models.py): its blocks, plain or under one
+    policy. A skip connection's tensor is held by blocks far apart (not additive over the chain's
+    components): the chain's check fails and the MILP finds every plan."""
     graph, candidates, sequentials = unet_op_graph
     top = [c for c in candidates if c.count(".") == 1]
-    solved, beaten = check_against_brute_force(graph, top, {}, ("matmuls",))
+    solved, beaten = check_against_brute_force(graph, top, {}, ("matmuls",), chained=False)
     assert solved >= 10 and beaten >= 1, (solved, beaten)
 
 
@@ -269,7 +314,7 @@ def test_regions_is_a_method_of_solve_checked_on_its_own_graph(gpt2_op_graph):
     assert np.isclose(outcome.compute_cost, schedule.info.compute_cost)
 
 
-def test_at_the_time_limit_the_heuristic_plan_comes_with_its_gap(gpt2_op_graph, monkeypatch):
+def test_at_the_time_limit_the_heuristic_plan_comes_with_its_gap(gpt2_op_graph, monkeypatch, milp_only):
     """A MILP that ends without proving anything: the heuristic's plan, ``feasible``, with the gap to
     the bound the MILP reached (0: none reached, the bound is the un-checkpointed step)."""
     from solvers.native import milp
@@ -341,3 +386,75 @@ def test_a_step_that_fits_as_it_is_is_the_optimal_native_plan():
     peak_line = plan.summary().split("Predicted peak:")[1].splitlines()[0]
     saving = 1 - plan.predicted_peak_bytes / plan.unplanned_peak_bytes
     assert ("less" in peak_line) == (saving > 0), peak_line  # never "(-0.4% less)"
+
+
+def test_equals_brute_force_where_a_subtree_is_one_unit(gpt2_op_graph):
+    """The first block's attention with its three children: their shared results are not additive
+    over the children (the attention's output projection is read again by the dropout's and its own
+    recomputation), so the attention becomes one unit of 29 plans, enumerated; the dynamic program
+    over the chain still equals brute force (979 plans), at 20 budgets."""
+    from solvers.native.chain import ChainStructure, chain_structure
+
+    graph, _, _ = gpt2_op_graph
+    attention = "transformer.h.0.attn"
+    candidates = ["transformer.h.0", attention, *(f"{attention}.{c}" for c in ("c_attn", "c_proj", "resid_dropout")),
+                  "transformer.h.0.mlp", "transformer.h.1", "transformer.h.1.attn", "transformer.h.1.mlp"]
+    policies = ("projections+draws",)
+    model = RegionModel(graph)
+    rows = build_rows(graph, build_menu(graph, candidates, {}, policies, model), model)
+    structure = chain_structure(rows, model)
+    assert isinstance(structure, ChainStructure), structure
+    sizes = {rows.menu.bases[q.options[-1][0]]: len(q.options) for q in structure.components if not q.wide}
+    assert sizes[attention] == 29, sizes
+    solved, beaten = check_against_brute_force(graph, candidates, {}, policies, count=20, chained=True)
+    assert solved >= 15, solved
+
+
+def test_a_shared_result_not_additive_over_the_units_is_found(gpt2_op_graph):
+    """The check the dynamic program's exactness rests on, alone: with every leaf its own unit, the
+    attention's output projection's result is held while either its dropout's or its own
+    recomputation reads it (a maximum, not a sum over the two units): the first attempt names them."""
+    from solvers.native import chain
+
+    graph, _, _ = gpt2_op_graph
+    attention = "transformer.h.0.attn"
+    candidates = [attention, f"{attention}.c_proj", f"{attention}.resid_dropout"]
+    model = RegionModel(graph)
+    rows = build_rows(graph, build_menu(graph, candidates, {}, ("projections+draws",), model), model)
+    tree = chain.build_tree(rows.menu)
+    facts = chain._Facts.of(rows, model, tree)
+    components = chain._layout(tree, set())
+    owner_of = {c: i for i, q in enumerate(components) for option in q.options for c in option}
+    with pytest.raises(chain._Failed, match="not additive") as failed:
+        chain._Additivity(facts, owner_of, components, lambda nodes: True).check()
+    named = {tree.bases[n] for group in failed.value.groups for n in group}
+    assert named == {f"{attention}.c_proj", f"{attention}.resid_dropout"}, named
+    assert isinstance(chain.chain_structure(rows, model), chain.ChainStructure)  # the attention made one unit
+
+
+@pytest.fixture(scope="module")
+def llama_op_graph():
+    import torch
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                      attention_dropout=0.1, use_cache=False, pad_token_id=0, bos_token_id=0,
+                                      eos_token_id=0)
+    model = transformers.LlamaForCausalLM(config).train()
+    ids = torch.randint(0, 128, (2, 32), generator=torch.Generator().manual_seed(1))
+    import models
+
+    return op_graph(model, {"input_ids": ids, "labels": ids}, models.hf_loss)
+
+
+def test_equals_brute_force_on_llama(llama_op_graph):
+    """A 2-layer Llama from transformers: the rotary tables, made once and read by every layer's
+    attention (and its recomputation), are held to the first layer's backward whatever the layers
+    take: additive over the layers, a chain; the whole model, its
+    layers, their attention and MLP, plain or under one policy, equal to brute force."""
+    graph, _, _ = llama_op_graph
+    candidates = ["model", *(f"model.layers.{i}{part}" for i in range(2) for part in ("", ".self_attn", ".mlp"))]
+    solved, _ = check_against_brute_force(graph, candidates, {}, ("matmuls",), count=16, chained=True)
+    assert solved >= 12, solved

@@ -4,9 +4,11 @@
 - menu.py: the choices (regions x policies) and which of them overlap;
 - peak_rows.py: the peak of any plan as linear rows over the choices, exact at every plan, read off
   the cost model of solvers/regions/;
-- milp.py: those rows in HiGHS, added as incumbents break them;
-- method.py: the search (the heuristic of solvers/regions/ as its start), its status (``optimal``
-  or the gap) and the ``regions`` method of :func:`solvers.solve`.
+- chain.py: where the rows make a chain of components (checked on the rows), that chain;
+- chain_dp.py: the exact dynamic program over a chain;
+- milp.py: the rows in HiGHS, added as incumbents break them (where the rows are no chain);
+- method.py: the search (the chain's program, else the MILP from the heuristic of solvers/regions/),
+  its status (``optimal`` or the gap) and the ``regions`` method of :func:`solvers.solve`.
 
 Pure Python, networkx, numpy and highspy: no torch, like the rest of ``solvers``.
 """

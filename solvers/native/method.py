@@ -1,5 +1,9 @@
 """``solve_regions_exact``: the cheapest native plan within a budget, proven (or with its gap).
 
+Where the rows verify as a chain (solvers/native/chain.py), the chain's dynamic program
+(solvers/native/chain_dp.py) finds it and proves it, and where no plan fits gives the least peak of
+any; the heuristic and the MILP below run only where they do not.
+
 The heuristic search (:func:`solvers.regions.plan_regions`) gives the first incumbent; the MILP of
 solvers/native/milp.py over the menu (solvers/native/menu.py), its memory rows exact at every plan
 (solvers/native/peak_rows.py), proves it optimal or finds a cheaper one. Each incumbent is checked
@@ -33,6 +37,8 @@ from ..regions.region_model import RegionModel
 from ..regions.search import plan_regions
 from ..schedule import FEASIBLE, OPTIMAL, Schedule, SolverInfo
 from ..store_all import store_all_schedule
+from .chain import NoChain, chain_structure
+from .chain_dp import least_peak, solve_chain
 from .menu import Menu, build_menu
 from .milp import RegionMilp
 from .peak_rows import build_rows
@@ -170,16 +176,18 @@ def _no_plan(search: _Search, budget_bytes: int, least: int | None, clock: Clock
                          f"{budget_bytes} bytes was found", method=METHOD)
 
 
-def _found(graph: nx.DiGraph, rows, milp: RegionMilp, search: _Search, budget_bytes: int,
-           started: float) -> RegionPlan:
+def _found(graph: nx.DiGraph, rows, milp: RegionMilp | None, search: _Search, budget_bytes: int,
+           started: float, how: str | None = None) -> RegionPlan:
     """The incumbent as a plan evaluated by the simulator, reported ``optimal`` or ``feasible`` with
-    its gap (the share of its step seconds above the bound)."""
+    its gap (the share of its step seconds above the bound); ``how``: how it was found, when not by
+    ``milp``."""
     menu = rows.menu
     plan = evaluate(graph, [menu.choices[c] for c in sorted(search.best)])
     if plan.outcome.peak_bytes > budget_bytes:  # RegionModel and evaluate are equal: a bug if this fires
         raise AssertionError(f"{METHOD}: the plan's simulated peak {plan.outcome.peak_bytes} exceeds {budget_bytes}")
-    note = f"{len(plan.regions)} region(s) of {len(menu.choices)} choices, {len(milp.events_added)} memory rows, " \
-           f"{search.rounds} MILP run(s)" + (f", {search.cuts} no-good cut(s)" if search.cuts else "")
+    how = how or f"{len(milp.events_added)} memory rows, {search.rounds} MILP run(s)" + (
+        f", {search.cuts} no-good cut(s)" if search.cuts else "")
+    note = f"{len(plan.regions)} region(s) of {len(menu.choices)} choices, {how}"
     if search.proven:
         return _reported(plan, OPTIMAL, None, started, f"optimal over the native plans: {note}")
     lower = rows.base_cost + search.bound if search.bound is not None else rows.base_cost
@@ -208,13 +216,17 @@ def solve_regions_exact(graph: nx.DiGraph, budget_bytes: int, candidates: Sequen
     if not menu.choices:  # no module to checkpoint (ops in the root's own forward): the step as it is
         raise Infeasible(f"no region can be checkpointed, and the step holds {empty.outcome.peak_bytes} bytes of "
                          "activations", min_budget=empty.outcome.peak_bytes, method=METHOD)
+    rows = build_rows(graph, menu, model)
+    clock.check(METHOD, "building the memory rows")
+    chained = _chain_plan(graph, rows, model, budget_bytes, started)
+    if chained is not None:
+        return chained
+    clock.check(METHOD, "checking the rows for a chain")
     # The heuristic may take the whole limit: whatever the MILP then does, the plan is never slower
     # than the heuristic's (a share of a 30 s limit cut it short at a load of 12: the residual MLP's
     # plan at 70% came out +1.5% against its +1.4% uncut).
     start, least = _heuristic_start(graph, budget_bytes, candidates, sequentials, policies, clock.left())
     clock.check(METHOD, "searching for a first plan")
-    rows = build_rows(graph, menu, model)
-    clock.check(METHOD, "building the memory rows")
     milp = RegionMilp(rows, budget_bytes)
     best = _menu_indices(menu, start, model) if start is not None else None
     if start is not None and best is None:  # a region the menu lacks: keep the heuristic's plan as it is
@@ -226,6 +238,31 @@ def solve_regions_exact(graph: nx.DiGraph, budget_bytes: int, candidates: Sequen
     if search.best is None:
         raise _no_plan(search, budget_bytes, least, clock)
     return _found(graph, rows, milp, search, budget_bytes, started)
+
+
+def _chain_plan(graph: nx.DiGraph, rows, model: RegionModel, budget_bytes: int, started: float) -> RegionPlan | None:
+    """The cheapest plan by the chain's dynamic program (solvers/native/chain_dp.py), ``optimal``, where
+    the rows verify as a chain (solvers/native/chain.py); None where they do not (the MILP then
+    searches). Raises :class:`Infeasible` with the least peak of any plan (``min_budget``, exact)
+    where none fits. Its plan is checked by the rows and the simulator's twin, as the MILP's
+    incumbents are, and by the simulator when returned (:func:`_found`)."""
+    structure = chain_structure(rows, model)
+    if isinstance(structure, NoChain):
+        return None
+    solution = solve_chain(structure, budget_bytes)
+    if solution is None:
+        least = least_peak(structure)
+        raise Infeasible(f"no set of checkpointed regions fits {budget_bytes} bytes of activations; the least "
+                         f"plan holds {least}", min_budget=least, method=METHOD)
+    taken, _ = solution
+    regions = [rows.menu.choices[c] for c in sorted(taken)]
+    memory = rows.memory(taken)
+    if memory.max() > budget_bytes or model.peak_and_cost(regions)[0] > budget_bytes:
+        return None  # the verified chain and the rows disagree: a bug; the MILP's answer stands instead
+    search = _Search(taken, rows.cost_of(taken), proven=True)
+    note = (f"chain dynamic program over {structure.units} units and "
+            f"{len(structure.components) - structure.units} whole regions, the rows verified as a chain")
+    return _found(graph, rows, None, search, budget_bytes, started, note)
 
 
 def step_as_it_is(graph: nx.DiGraph, empty: RegionPlan | None = None) -> RegionPlan:
