@@ -206,24 +206,6 @@ class _Hopeless(Exception):
     """A check failed where no coarser tree within :data:`OPTION_LIMIT` would make it hold."""
 
 
-def unmasked_memory(rows: PeakRows, taken) -> np.ndarray:
-    """Bytes at every axis event under ``taken`` (choice indices), twins of choices not taken
-    included (:meth:`PeakRows.memory` without its mask: the rows' value there)."""
-    chosen = np.zeros(len(rows.menu.choices), dtype=bool)
-    chosen[list(taken)] = True
-    mask = chosen[rows.choice_of]
-    change = np.zeros(rows.events + 1, dtype=np.int64)
-    np.add.at(change, rows.starts[mask], rows.amounts[mask])
-    np.add.at(change, rows.stops[mask] + 1, -rows.amounts[mask])
-    taken = set(taken)
-    for result in rows.shared:
-        last = result.alive_until(taken)
-        if last > result.fixed:
-            change[result.fixed + 1] += result.mem
-            change[last + 1] -= result.mem
-    return rows.constant + np.cumsum(change[:-1])
-
-
 @dataclass
 class _Facts:
     """What the checks read once per rows: trace events' axis positions, the memory of no plan,
@@ -268,7 +250,7 @@ class _Facts:
             np.add.at(summed, inverse, delta)
             keep = summed != 0
             points[c], values[c] = unique[keep], np.cumsum(summed)[keep]
-        return cls(rows, model, tree, unmasked_memory(rows, ()), rows.owner >= 0, forward_span, first, last,
+        return cls(rows, model, tree, rows.unmasked_memory(()), rows.owner >= 0, forward_span, first, last,
                    points, values)
 
     def effect(self, c: int, events: np.ndarray) -> np.ndarray:
@@ -469,7 +451,7 @@ def _antichains(menu, chosen: Sequence[int]) -> list[frozenset]:
 
 def _measure_wide(facts: _Facts, component: Component) -> None:
     (c,) = component.options[0]
-    memory = unmasked_memory(facts.rows, (c,))
+    memory = facts.rows.unmasked_memory((c,))
     effect = memory - facts.base
     nonzero = np.flatnonzero(effect)
     changes = np.flatnonzero(np.diff(effect)) + 1

@@ -97,6 +97,16 @@ class PeakRows:
     def memory(self, taken: set[int]) -> np.ndarray:
         """Bytes during each axis event under the plan ``taken`` (choice indices); the events of twins
         of choices not taken hold no meaning (set to -1)."""
+        memory = self.unmasked_memory(taken)
+        chosen = np.zeros(len(self.menu.choices), dtype=bool)
+        chosen[list(taken)] = True
+        memory[(self.owner >= 0) & ~chosen[np.maximum(self.owner, 0)]] = -1
+        return memory
+
+    def unmasked_memory(self, taken) -> np.ndarray:
+        """Bytes at every axis event under ``taken`` (choice indices), the events of twins of choices
+        not taken included (the rows' value there: what solvers/native/chain.py's checks read)."""
+        taken = set(taken)
         chosen = np.zeros(len(self.menu.choices), dtype=bool)
         chosen[list(taken)] = True
         mask = chosen[self.choice_of]
@@ -108,10 +118,7 @@ class PeakRows:
             if last > result.fixed:
                 change[result.fixed + 1] += result.mem
                 change[last + 1] -= result.mem
-        memory = self.constant + np.cumsum(change[:-1])
-        inactive = (self.owner >= 0) & ~chosen[np.maximum(self.owner, 0)]
-        memory[inactive] = -1
-        return memory
+        return self.constant + np.cumsum(change[:-1])
 
     def row(self, event: int) -> tuple[int, np.ndarray, list[tuple[int, int, int]]]:
         """Event ``event``'s row: (constant bytes, bytes per choice, [(shared index, breakpoint j, bytes)])."""
