@@ -34,7 +34,7 @@ import torch.fx as fx
 import torch.utils._pytree as pytree
 
 from .allocations import cpu_allocations, cpu_memory_profile, replay
-from .prefault import prefault_sizes, prepare_outputs
+from .prefault import large_blocks_land_fresh, prefault_sizes, prepare_outputs
 from .rematerialize import BoundedRun, BoundedStats
 from .state import cuda_devices, get_rng_state, set_rng_state
 
@@ -283,6 +283,9 @@ class _Timing:
         self.use_events, self.samples, self.extra = use_events, samples, extra
         self.events = []
         self.prefault: dict[str, tuple[int, ...]] = {}  # CPU: per op, its outputs' sizes (profiler/prefault.py)
+        # CPU: whether this process's malloc puts a large output on fresh pages (as of this run: a
+        # caller may have changed malloc's settings since the last).
+        self.large_fresh = use_events or large_blocks_land_fresh()
 
     def call(self, node: fx.Node, args, kwargs):
         # The extra calls first, each result dropped before the next call: the op never holds two
@@ -303,7 +306,7 @@ class _Timing:
         if sizes is None:
             sizes = self.prefault[node.name] = prefault_sizes(node)
         if sizes:
-            prepare_outputs(sizes)  # the op's outputs on the pages a whole run gives them, in a bounded run too
+            prepare_outputs(sizes, self.large_fresh)  # on the pages a whole run gives them, bounded runs too
         clock = _cpu_op_clock()
         start_time = clock()
         result = node.target(*args, **kwargs)

@@ -27,6 +27,16 @@ those ops alone 33.6 ms of the bounded op times' 23.2 ms (3.9%) under the whole 
 others 10 ms over). So before an op with such an output, the heap's free pages are handed back to
 the kernel (``malloc_trim(0)``, glibc): the output lands on fresh pages in either kind of run, as
 in the whole step.
+
+That is the step of a process whose malloc maps such blocks (glibc's default). One whose malloc
+keeps what it frees (``mallopt(M_MMAP_MAX, 0)`` and a trim threshold above the block, or
+``MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=...``: benchmarks/paired_steps.py's
+``keep_freed_memory``) serves the block from its heap, on pages its earlier steps touched, in every
+step after the first: there the large output is touched first like any other
+(:func:`large_blocks_land_fresh`, probed at each timed run). Releasing the pages in such a process
+had timed the benchmark Llama's logits-sized ops with the kernel's faults its steps never take:
+the profile's step summed 599 ms against 541 ms without (one thread, CPU time), 10% that every
+plan's predicted overhead was divided by (docs/benchmarks/clock.md).
 """
 
 from __future__ import annotations
@@ -54,10 +64,15 @@ def prefault_sizes(node: fx.Node) -> tuple[int, ...]:
     return tuple(size for size in output_storage_bytes(node) if size >= SMALLEST_MAPPED)
 
 
-def prepare_outputs(sizes: tuple[int, ...]) -> None:
+def prepare_outputs(sizes: tuple[int, ...], large_fresh: bool = True) -> None:
     """Before a timed op with output storages of ``sizes`` bytes (:func:`prefault_sizes`): those
-    the heap serves touched (:func:`touch_then_free`); for one of :data:`ALWAYS_MAPPED` or more, the
-    heap's free pages released first, so that it lands on fresh pages (the module docstring)."""
+    the heap serves touched (:func:`touch_then_free`); with ``large_fresh`` (the process's malloc
+    maps large blocks afresh: :func:`large_blocks_land_fresh`), for one of :data:`ALWAYS_MAPPED` or
+    more, the heap's free pages released first, so that it lands on fresh pages (the module
+    docstring); without, every output touched first."""
+    if not large_fresh:
+        touch_then_free(sizes)
+        return
     heap = tuple(size for size in sizes if size < ALWAYS_MAPPED)
     if len(heap) < len(sizes):
         release_free_heap_pages()
@@ -65,12 +80,52 @@ def prepare_outputs(sizes: tuple[int, ...]) -> None:
 
 
 @functools.cache
+def _libc() -> ctypes.CDLL | None:
+    """The C library, loaded for this module alone (its functions' argument types are set here),
+    or None where it cannot be loaded."""
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    except OSError:
+        return None
+
+
 def _malloc_trim():
     """glibc's ``malloc_trim``, or None where the C library has none (macOS, musl)."""
-    try:
-        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
-    except (OSError, AttributeError):
-        return None
+    return getattr(_libc(), "malloc_trim", None)
+
+
+class _MallInfo2(ctypes.Structure):
+    """glibc's ``struct mallinfo2`` (malloc.h, glibc 2.33 and later): sizes in bytes."""
+
+    _fields_ = [(name, ctypes.c_size_t) for name in
+                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
+                 "keepcost")]
+
+
+def large_blocks_land_fresh() -> bool:
+    """Whether a block of :data:`ALWAYS_MAPPED` bytes lands on fresh pages in this process now: glibc
+    maps it (``mmap``, its default) or, served from the heap, gives its pages back to the kernel
+    when it is freed (trimming). False where malloc serves it from the heap and keeps it when freed
+    (the module docstring). One untouched block allocated and freed, its effect read from
+    ``mallinfo2``; True where the C library has none (not glibc, or glibc before 2.33: the default
+    assumed)."""
+    libc = _libc()
+    mallinfo2 = getattr(libc, "mallinfo2", None)
+    if mallinfo2 is None:
+        return True
+    mallinfo2.restype = _MallInfo2
+    libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+    libc.free.restype, libc.free.argtypes = None, [ctypes.c_void_p]
+    before = mallinfo2()
+    block = libc.malloc(ALWAYS_MAPPED)
+    if not block:
+        return True
+    during = mallinfo2()
+    libc.free(block)
+    after = mallinfo2()
+    mapped = during.hblkhd > before.hblkhd
+    trimmed = after.arena < during.arena
+    return mapped or trimmed
 
 
 def release_free_heap_pages() -> None:

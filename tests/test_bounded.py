@@ -3,7 +3,10 @@ profiling, the device as a bound, allocation failures said as such."""
 
 from __future__ import annotations
 
+import os
 import resource
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -145,8 +148,30 @@ def test_an_output_above_any_mmap_threshold_lands_on_fresh_pages_in_either_run(m
     assert touched == [(1 << 20,)] and released == [True]
     prefault.prepare_outputs((1 << 20,))
     assert touched[-1] == (1 << 20,) and released == [True]  # nothing that large: the heap is left as it is
+    prefault.prepare_outputs((1 << 20, prefault.ALWAYS_MAPPED), large_fresh=False)  # malloc keeps it: touched first
+    assert touched[-1] == (1 << 20, prefault.ALWAYS_MAPPED) and released == [True]
     monkeypatch.undo()
     prefault.release_free_heap_pages()  # glibc's malloc_trim here; a no-op without one
+
+
+@pytest.mark.skipif(not hasattr(__import__("ctypes").CDLL(None), "mallinfo2"), reason="glibc 2.33+ only")
+def test_whether_a_large_block_lands_on_fresh_pages_is_read_from_the_process_malloc():
+    """profiler/prefault.py's probe: glibc's default maps a 32 MiB block afresh; a malloc told to keep
+    what it frees (no mmap, no trimming: what benchmarks/paired_steps.py measures steps with) does
+    not, and its profile times large outputs on touched pages; no mmap but trimming does."""
+    probe = "from profiler.prefault import large_blocks_land_fresh as f; print(f())"
+
+    def probed(**env) -> str:
+        environment = {**os.environ, "PYTHONPATH": ROOT, **env}
+        for name in ("MALLOC_MMAP_MAX_", "MALLOC_TRIM_THRESHOLD_"):
+            if name not in env:
+                environment.pop(name, None)
+        return subprocess.run([sys.executable, "-c", probe], env=environment, capture_output=True, text=True,
+                              check=True).stdout.strip()
+
+    assert probed() == "True"
+    assert probed(MALLOC_MMAP_MAX_="0", MALLOC_TRIM_THRESHOLD_=str(2**32)) == "False"
+    assert probed(MALLOC_MMAP_MAX_="0") == "True"
 
 
 # -- the device as a bound --------------------------------------------------------------------------
