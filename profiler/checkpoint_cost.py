@@ -15,8 +15,13 @@ ops on a tiny tensor (each op saves its input: one op, one saved tensor), at two
 plain, under ``no_grad`` (what the profile's op costs count of a recomputation), checkpointed, and
 checkpointed under each save policy. Differences between the variants are the checkpoint's own
 costs; the two lengths split them into a part per region (the intercept) and a part per saved
-tensor or per op (the slope). The numbers feed solvers/regions/costs.py's cost of a region
-(``graph.graph["checkpoint_costs"]``: :meth:`CheckpointCosts.as_graph_data`).
+tensor or per op (the slope). The per-region part is measured twice: stepped back to back (warm,
+what a region stepped alone pays: the model's region is fitted against it below) and with the
+host's caches emptied before the forward and between the forward and the backward
+(profiler/cache_eviction.py), as the rest of a training step empties them between a region's
+forward and its recomputation: the cold figure is the one priced. The numbers feed
+solvers/regions/costs.py's cost of a region (``graph.graph["checkpoint_costs"]``:
+:meth:`CheckpointCosts.as_graph_data`).
 
 Robust to a loaded machine: every variant is stepped in turn in each round (paired), and each
 variant's least over the rounds is kept (another process's load only adds time). The whole
@@ -35,6 +40,7 @@ import torch
 import torch.utils._pytree as pytree
 import torch.utils.checkpoint as torch_checkpoint
 
+from .cache_eviction import CacheEvictor, cache_evictor
 from .inputs import normalise_inputs
 from .state import cuda_devices, preserved_state
 
@@ -51,7 +57,9 @@ class CheckpointCosts:
     again, on ``device`` (see the module docstring).
 
     ``region_seconds``: per checkpointed call (generator states saved and restored, hooks entered,
-    the checkpoint's own Python, in the forward and the recomputation together).
+    the checkpoint's own Python, in the forward and the recomputation together), from cold caches as
+    in a training step; ``warm_region_seconds`` the same stepped back to back (None where it was
+    not measured apart: the same figure).
     ``recomputed_op_seconds``: per op the recomputation runs (its saved tensors packed in the
     forward and the recomputation and unpacked in the backward, the Python forward run again, the
     discarded autograd recording). ``policy_region_seconds`` and ``policy_op_seconds``: per save
@@ -68,6 +76,12 @@ class CheckpointCosts:
     policy_op_seconds: dict[str, float] = field(default_factory=dict)
     source: str = "synthetic"
     scale: float = 1.0
+    warm_region_seconds: float | None = None
+
+    @property
+    def back_to_back_region_seconds(self) -> float:
+        """Per checkpointed call, stepped back to back (the warm figure, else the one priced)."""
+        return self.region_seconds if self.warm_region_seconds is None else self.warm_region_seconds
 
     def as_graph_data(self) -> dict:
         """The figures as solvers/regions/costs.py reads them from ``graph.graph["checkpoint_costs"]``
@@ -77,6 +91,7 @@ class CheckpointCosts:
             "source": self.source,
             "scale": self.scale,
             "region_seconds": self.region_seconds,
+            "warm_region_seconds": self.back_to_back_region_seconds,
             "recomputed_op_seconds": self.recomputed_op_seconds,
             "policy_region_seconds": dict(self.policy_region_seconds),
             "policy_op_seconds": dict(self.policy_op_seconds),
@@ -182,6 +197,42 @@ def _least_times(device: torch.device, policy_contexts: Mapping[str, Callable[[]
     return least
 
 
+def _cold_least_times(device: torch.device, evictor: CacheEvictor, rounds: int) -> dict[tuple[int, str], float]:
+    """(chain length, ``"plain"`` or ``"checkpoint"``) -> least seconds of one step over ``rounds``
+    rounds, the host's caches emptied before its forward and between its forward and its backward
+    (the emptying untimed), every variant of both lengths stepped once per round after an untimed one."""
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    clock = _clock_for(device)
+    prepared = []
+    for length in CHAIN_LENGTHS:
+        chain, x = _Chain(length), torch.randn(ELEMENTS, device=device, requires_grad=True)
+        prepared.append(((length, "plain"), lambda chain=chain, x=x: chain(x), x))
+        prepared.append(((length, "checkpoint"),
+                         lambda chain=chain, x=x: torch_checkpoint.checkpoint(chain, x, use_reentrant=False,
+                                                                              preserve_rng_state=True), x))
+    least: dict[tuple[int, str], float] = {}
+    for round_number in range(rounds + 1):
+        for key, forward, x in prepared:
+            evictor.evict()
+            forward_seconds, output = _timed_result(forward, sync, clock)
+            evictor.evict()
+            seconds = forward_seconds + _timed(lambda output=output: output.sum().backward(), sync, clock)
+            del output
+            x.grad = None
+            if round_number:
+                least[key] = min(least.get(key, seconds), seconds)
+    return least
+
+
+def _timed_result(function: Callable[[], object], sync: Callable[[], None],
+                  clock: Callable[[], float]) -> tuple[float, object]:
+    sync()
+    started = clock()
+    result = function()
+    sync()
+    return clock() - started, result
+
+
 def _line(short: float, long: float) -> tuple[float, float]:
     """(intercept, slope) through (CHAIN_LENGTHS[0], short) and (CHAIN_LENGTHS[1], long), each
     clamped at zero: a cost the noise made negative is no cost."""
@@ -198,8 +249,11 @@ def measure_checkpoint_costs(device: torch.device | str = "cpu",
     runtime's, runtime/save_policies.py, so that what is timed is what plans run)."""
     device = torch.device(device)
     policy_contexts = dict(policy_contexts or {})
+    evictor = cache_evictor()
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), one_cpu_thread(device):
         least = _least_times(device, policy_contexts, rounds)
+        cold = _cold_least_times(device, evictor, rounds) if evictor is not None else None
+    del evictor
 
     def extra(length: int, variant: str, base: str) -> float:
         return least[(length, variant)] - least[(length, base)]
@@ -208,13 +262,20 @@ def measure_checkpoint_costs(device: torch.device | str = "cpu",
     # The checkpoint's step against the plain one is its own cost plus the region's ops run again:
     # those the profile prices (the no_grad forward), taken out.
     checkpoint_extra = [extra(n, "checkpoint", "plain") - least[(n, "no_grad")] for n in CHAIN_LENGTHS]
-    region_seconds, op_seconds = _line(*checkpoint_extra)
+    warm_region_seconds, op_seconds = _line(*checkpoint_extra)
+    region_seconds = warm_region_seconds
+    if cold is not None:
+        # The per-op part is the warm one (the model's region refits it); the per-call part cold, at
+        # least the warm one (noise cannot make emptied caches faster).
+        cold_extra = [cold[(n, "checkpoint")] - cold[(n, "plain")] - least[(n, "no_grad")] for n in CHAIN_LENGTHS]
+        region_seconds = max(warm_region_seconds, _line(*cold_extra)[0])
     policy_region, policy_op = {}, {}
     for name in policy_contexts:
         intercept, slope = _line(extra(short, f"policy:{name}", "checkpoint"), extra(long, f"policy:{name}", "checkpoint"))
         # Each op passes the policy's dispatch mode twice: in the forward and in the recomputation.
         policy_region[name], policy_op[name] = intercept, slope / 2
-    return CheckpointCosts(str(device), region_seconds, op_seconds, policy_region, policy_op)
+    return CheckpointCosts(str(device), region_seconds, op_seconds, policy_region, policy_op,
+                           warm_region_seconds=warm_region_seconds)
 
 
 # -- the model's own region --------------------------------------------------------------------------
@@ -383,7 +444,9 @@ def fit_to_region(synthetic: CheckpointCosts, steps: Mapping[str, Sequence[float
         return [steps[variant][i] - steps["plain"][i] - steps["forward"][i] * shape.recomputed_share - known
                 for i in rounds]
 
-    checkpoint_residual = statistics.median(residual("checkpoint", plain, synthetic.region_seconds))
+    # The region was stepped back to back: the per-call part it paid is the warm one.
+    warm_region = synthetic.back_to_back_region_seconds
+    checkpoint_residual = statistics.median(residual("checkpoint", plain, warm_region))
     op_rate = max(synthetic.recomputed_op_seconds, checkpoint_residual / max(plain.recomputed_ops, 1))
     fitted = [name for name in synthetic.policy_op_seconds if f"policy:{name}" in steps and f"policy:{name}" in shapes]
     factor = 1.0
@@ -392,7 +455,7 @@ def fit_to_region(synthetic: CheckpointCosts, steps: Mapping[str, Sequence[float
         synthetic_seconds = 0.0  # what the synthetic rates predict over the fitted policies' passes
         for name in fitted:
             shape = shapes[f"policy:{name}"]
-            known = (synthetic.region_seconds + op_rate * shape.recomputed_ops
+            known = (warm_region + op_rate * shape.recomputed_ops
                      + synthetic.policy_region_seconds.get(name, 0.0))
             per_round = [a + b for a, b in zip(per_round, residual(f"policy:{name}", shape, known))]
             synthetic_seconds += synthetic.policy_op_seconds[name] * (shape.forward_ops + shape.pass_ops)
@@ -404,7 +467,8 @@ def fit_to_region(synthetic: CheckpointCosts, steps: Mapping[str, Sequence[float
     scale = plain.forward_seconds / forward if rescale and plain.forward_seconds > 0 and forward > 0 else 1.0
     return CheckpointCosts(synthetic.device, synthetic.region_seconds * scale, op_rate * scale,
                            {name: seconds * scale for name, seconds in synthetic.policy_region_seconds.items()},
-                           {name: seconds * scale for name, seconds in policy_rates.items()}, source, scale)
+                           {name: seconds * scale for name, seconds in policy_rates.items()}, source, scale,
+                           warm_region * scale)
 
 
 __all__ = ["CHAIN_LENGTHS", "CheckpointCosts", "RegionShape", "capture_region_inputs", "fit_to_region",

@@ -244,6 +244,25 @@ def test_the_milp_equals_brute_force_on_hand_made_blocks(milp_only):
     assert solved >= 10, solved
 
 
+def test_a_chain_plan_the_rows_refuse_is_said_aloud_and_the_milp_plans(monkeypatch):
+    """solvers/native/method.py: where the chain's dynamic program returns a plan over the budget by
+    the rows (a bug, made here by a program that checkpoints nothing), a RuntimeWarning says so and
+    the MILP's optimum is the plan."""
+    from solvers.native import method
+
+    graph = dropout_blocks(blocks=4)
+    blocks = [f"layers.{b}" for b in range(4)]
+    menu = build_menu(graph, blocks, {}, tuple(SAVE_POLICIES))
+    table = brute_force(graph, menu)
+    budget = budgets_between(table)[2]
+    best = min(cost for peak, cost, _ in table if peak <= budget)
+    monkeypatch.setattr(method, "solve_chain", lambda structure, budget_bytes: (set(), 0.0))
+    with pytest.warns(RuntimeWarning, match="chain dynamic program's plan .* the MILP searches instead"):
+        plan = solve_regions_exact(graph, budget, blocks, {}, time_limit=60, policies=tuple(SAVE_POLICIES))
+    assert CHAIN not in plan.schedule.info.message and plan.schedule.info.status == "optimal"
+    assert plan.outcome.compute_cost == pytest.approx(best, rel=1e-9)
+
+
 def test_equals_brute_force_with_the_checkpoints_own_costs():
     """Priced with what each checkpoint and each op under a policy costs (the clock), the best plan
     can differ from the plain one: the exact method still equals brute force."""

@@ -22,6 +22,7 @@ over every schedule).
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
@@ -258,7 +259,11 @@ def _chain_plan(graph: nx.DiGraph, rows, model: RegionModel, budget_bytes: int, 
     regions = [rows.menu.choices[c] for c in sorted(taken)]
     memory = rows.memory(taken)
     if memory.max() > budget_bytes or model.peak_and_cost(regions)[0] > budget_bytes:
-        return None  # the verified chain and the rows disagree: a bug; the MILP's answer stands instead
+        # The verified chain and the rows disagree: a bug, said aloud; the MILP's answer stands instead.
+        warnings.warn(f"the chain dynamic program's plan {regions} holds more than the budget of {budget_bytes} "
+                      "bytes by the rows or the region model (a bug in solvers/native/chain*.py: please report "
+                      "it); the MILP searches instead", RuntimeWarning, stacklevel=2)
+        return None
     search = _Search(taken, rows.cost_of(taken), proven=True)
     note = (f"chain dynamic program over {structure.units} units and "
             f"{len(structure.components) - structure.units} whole regions, the rows verified as a chain")
