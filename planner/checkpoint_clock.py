@@ -19,7 +19,7 @@ import networkx as nx
 import torch
 
 from profiler.checkpoint_cost import (CheckpointCosts, RegionShape, capture_region_inputs, fit_to_region,
-                                      measure_checkpoint_costs, measure_region_steps)
+                                      measure_checkpoint_costs, measure_cold_region_seconds, measure_region_steps)
 from runtime.save_policies import SavePolicy
 from solvers.regions import candidate_regions, parse_segment, region_costs
 
@@ -37,8 +37,15 @@ def _policy_contexts(policies: Sequence[str]) -> dict[str, Callable[[], Callable
 @functools.lru_cache(maxsize=8)
 def synthetic_costs(device: str, policies: tuple[str, ...]) -> CheckpointCosts:
     """:func:`profiler.checkpoint_cost.measure_checkpoint_costs` on ``device`` for ``policies``,
-    measured once per process (~0.2 s on a CPU)."""
-    return measure_checkpoint_costs(device, _policy_contexts(policies))
+    measured once per process (~0.2 s on a CPU, and the cold per-call figure once per device)."""
+    return measure_checkpoint_costs(device, _policy_contexts(policies), cold_region_seconds=cold_region_seconds(device))
+
+
+@functools.lru_cache(maxsize=4)
+def cold_region_seconds(device: str) -> float | None:
+    """:func:`profiler.checkpoint_cost.measure_cold_region_seconds` on ``device``, once per process
+    (~0.7 s on a CPU with a 32 MiB last-level cache)."""
+    return measure_cold_region_seconds(device)
 
 
 def model_device(model: torch.nn.Module) -> str:
@@ -113,4 +120,5 @@ def price(graph: nx.DiGraph, model: torch.nn.Module, example_inputs, policies: S
     annotate(graph, measure_costs(model, example_inputs, graph, policies, fit=fit))
 
 
-__all__ = ["KEY", "annotate", "price", "calibration_region", "measure_costs", "model_device", "synthetic_costs"]
+__all__ = ["KEY", "annotate", "price", "calibration_region", "cold_region_seconds", "measure_costs", "model_device",
+           "synthetic_costs"]

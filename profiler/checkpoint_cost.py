@@ -200,12 +200,14 @@ def _least_times(device: torch.device, policy_contexts: Mapping[str, Callable[[]
 def _cold_least_times(device: torch.device, evictor: CacheEvictor, rounds: int) -> dict[tuple[int, str], float]:
     """(chain length, ``"plain"`` or ``"checkpoint"``) -> least seconds of one step over ``rounds``
     rounds, the host's caches emptied before its forward and between its forward and its backward
-    (the emptying untimed), every variant of both lengths stepped once per round after an untimed one."""
+    (the emptying untimed), and ``"no_grad"``, the forward alone, warm; every variant of both
+    lengths stepped once per round after an untimed one."""
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     clock = _clock_for(device)
     prepared = []
     for length in CHAIN_LENGTHS:
         chain, x = _Chain(length), torch.randn(ELEMENTS, device=device, requires_grad=True)
+        prepared.append(((length, "no_grad"), lambda chain=chain, x=x: _no_grad_call(chain, x), x))
         prepared.append(((length, "plain"), lambda chain=chain, x=x: chain(x), x))
         prepared.append(((length, "checkpoint"),
                          lambda chain=chain, x=x: torch_checkpoint.checkpoint(chain, x, use_reentrant=False,
@@ -213,6 +215,11 @@ def _cold_least_times(device: torch.device, evictor: CacheEvictor, rounds: int) 
     least: dict[tuple[int, str], float] = {}
     for round_number in range(rounds + 1):
         for key, forward, x in prepared:
+            if key[1] == "no_grad":  # the recomputed ops as the profile times them: warm, forward only
+                seconds = _timed(forward, sync, clock)
+                if round_number:
+                    least[key] = min(least.get(key, seconds), seconds)
+                continue
             evictor.evict()
             forward_seconds, output = _timed_result(forward, sync, clock)
             evictor.evict()
@@ -222,6 +229,11 @@ def _cold_least_times(device: torch.device, evictor: CacheEvictor, rounds: int) 
             if round_number:
                 least[key] = min(least.get(key, seconds), seconds)
     return least
+
+
+def _no_grad_call(chain: _Chain, x: torch.Tensor) -> None:
+    with torch.no_grad():
+        chain(x)
 
 
 def _timed_result(function: Callable[[], object], sync: Callable[[], None],
@@ -243,17 +255,16 @@ def _line(short: float, long: float) -> tuple[float, float]:
 
 def measure_checkpoint_costs(device: torch.device | str = "cpu",
                              policy_contexts: Mapping[str, Callable[[], Callable]] | None = None,
-                             rounds: int = ROUNDS) -> CheckpointCosts:
+                             rounds: int = ROUNDS, cold_region_seconds: float | None = None) -> CheckpointCosts:
     """Measure :class:`CheckpointCosts` on ``device``. ``policy_contexts``: save-policy name ->
     a function that makes the ``context_fn`` of one checkpointed call under that policy (the
-    runtime's, runtime/save_policies.py, so that what is timed is what plans run)."""
+    runtime's, runtime/save_policies.py, so that what is timed is what plans run).
+    ``cold_region_seconds``: :func:`measure_cold_region_seconds` where the caller has it (it does
+    not depend on the policies), else measured here."""
     device = torch.device(device)
     policy_contexts = dict(policy_contexts or {})
-    evictor = cache_evictor()
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), one_cpu_thread(device):
         least = _least_times(device, policy_contexts, rounds)
-        cold = _cold_least_times(device, evictor, rounds) if evictor is not None else None
-    del evictor
 
     def extra(length: int, variant: str, base: str) -> float:
         return least[(length, variant)] - least[(length, base)]
@@ -263,12 +274,11 @@ def measure_checkpoint_costs(device: torch.device | str = "cpu",
     # those the profile prices (the no_grad forward), taken out.
     checkpoint_extra = [extra(n, "checkpoint", "plain") - least[(n, "no_grad")] for n in CHAIN_LENGTHS]
     warm_region_seconds, op_seconds = _line(*checkpoint_extra)
-    region_seconds = warm_region_seconds
-    if cold is not None:
-        # The per-op part is the warm one (the model's region refits it); the per-call part cold, at
-        # least the warm one (noise cannot make emptied caches faster).
-        cold_extra = [cold[(n, "checkpoint")] - cold[(n, "plain")] - least[(n, "no_grad")] for n in CHAIN_LENGTHS]
-        region_seconds = max(warm_region_seconds, _line(*cold_extra)[0])
+    if cold_region_seconds is None:
+        cold_region_seconds = measure_cold_region_seconds(device, rounds)
+    # The per-op part is the warm one (the model's region refits it); the per-call part cold, at
+    # least the warm one (noise cannot make emptied caches faster).
+    region_seconds = max(warm_region_seconds, cold_region_seconds or 0.0)
     policy_region, policy_op = {}, {}
     for name in policy_contexts:
         intercept, slope = _line(extra(short, f"policy:{name}", "checkpoint"), extra(long, f"policy:{name}", "checkpoint"))
@@ -276,6 +286,19 @@ def measure_checkpoint_costs(device: torch.device | str = "cpu",
         policy_region[name], policy_op[name] = intercept, slope / 2
     return CheckpointCosts(str(device), region_seconds, op_seconds, policy_region, policy_op,
                            warm_region_seconds=warm_region_seconds)
+
+
+def measure_cold_region_seconds(device: torch.device | str = "cpu", rounds: int = ROUNDS) -> float | None:
+    """Seconds the checkpoint itself adds per call from cold caches (the module docstring): the
+    synthetic chain's per-call part, stepped with the host's caches emptied before its forward and
+    between its forward and its backward. None where the emptying buffer cannot be had."""
+    device = torch.device(device)
+    evictor = cache_evictor()
+    if evictor is None:
+        return None
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), one_cpu_thread(device):
+        cold = _cold_least_times(device, evictor, rounds)
+    return _line(*[cold[(n, "checkpoint")] - cold[(n, "plain")] - cold[(n, "no_grad")] for n in CHAIN_LENGTHS])[0]
 
 
 # -- the model's own region --------------------------------------------------------------------------
@@ -296,7 +319,11 @@ def measure_checkpoint_costs(device: torch.device | str = "cpu",
 # median over the rounds is taken; and the four policies, which differ only in the policy function
 # the same dispatch mode calls, are fitted together as one factor on their synthetic rates.
 
-REGION_ROUNDS = 8
+# A small region's residual is as noisy against its step as a large one's, and its rounds are cheap:
+# up to 16 of them within the time limit. The residual MLP's block (a round 0.29 s) fitted 6-93 us
+# per op recomputed over four calibrations of 8 rounds, 57-86 over four of 32 (load 0-1); a
+# transformer block's round (0.6 s) stops at the time limit as before.
+REGION_ROUNDS = 16
 REGION_SECONDS = 5.0  # no round is started after this many seconds of the wall clock (one at least)
 
 
@@ -472,4 +499,4 @@ def fit_to_region(synthetic: CheckpointCosts, steps: Mapping[str, Sequence[float
 
 
 __all__ = ["CHAIN_LENGTHS", "CheckpointCosts", "RegionShape", "capture_region_inputs", "fit_to_region",
-           "measure_checkpoint_costs", "measure_region_steps", "one_cpu_thread"]
+           "measure_checkpoint_costs", "measure_cold_region_seconds", "measure_region_steps", "one_cpu_thread"]
