@@ -112,11 +112,17 @@ class _Chain(torch.nn.Module):
 
 
 def _timed(step: Callable[[], None], sync: Callable[[], None], clock: Callable[[], float]) -> float:
+    return _timed_result(step, sync, clock)[0]
+
+
+def _timed_result(function: Callable[[], object], sync: Callable[[], None],
+                  clock: Callable[[], float]) -> tuple[float, object]:
+    """Seconds of one call of ``function`` by ``clock`` (the device synchronised around it), and its result."""
     sync()
     started = clock()
-    step()
+    result = function()
     sync()
-    return clock() - started
+    return clock() - started, result
 
 
 @contextlib.contextmanager
@@ -234,15 +240,6 @@ def _cold_least_times(device: torch.device, evictor: CacheEvictor, rounds: int) 
 def _no_grad_call(chain: _Chain, x: torch.Tensor) -> None:
     with torch.no_grad():
         chain(x)
-
-
-def _timed_result(function: Callable[[], object], sync: Callable[[], None],
-                  clock: Callable[[], float]) -> tuple[float, object]:
-    sync()
-    started = clock()
-    result = function()
-    sync()
-    return clock() - started, result
 
 
 def _line(short: float, long: float) -> tuple[float, float]:
