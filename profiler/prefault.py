@@ -36,7 +36,7 @@ step after the first: there the large output is touched first like any other
 (:func:`large_blocks_land_fresh`, probed at each timed run). Releasing the pages in such a process
 had timed the benchmark Llama's logits-sized ops with the kernel's faults its steps never take:
 the profile's step summed 599 ms against 541 ms without (one thread, CPU time), 10% that every
-plan's predicted overhead was divided by (docs/benchmarks/clock.md).
+plan's predicted overhead was divided by (docs/benchmarks/clock-cold-caches.md, its third run).
 """
 
 from __future__ import annotations
