@@ -36,7 +36,6 @@ from .fsdp2_timeline import BACKWARD_KINDS, ROOT, _unit_of, fsdp2_buffers_by_op,
 from .sharding import FSDP2
 
 
-
 def sharded_gradients_graph(graph: nx.DiGraph, model: torch.nn.Module, spec: FSDP2) -> nx.DiGraph:
     """A copy of ``graph`` (an op-level cost graph) whose gradient nodes made in a unit hold the
     unit's shard share of their bytes (``shard / whole`` of its gradients, rounded up); the root's
